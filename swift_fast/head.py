@@ -1,0 +1,265 @@
+"""The SWIFT head: a gated linear map over the concatenation of selected hidden states.
+
+File format (``swift_fast.head/1``, safetensors, no pickle): tensors ``weight`` ``[2, k*d]``
+(row 0 gate, row 1 reward; ``[1, k*d]`` without gate) and ``bias`` ``[2]`` / ``[1]``, float32;
+string metadata ``format``, ``hidden_size``, ``layers`` (JSON), ``gate``, ``alignment``,
+``feature``, ``model``, ``model_fingerprint`` (JSON) and ``provenance`` (JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+FORMAT = "swift_fast.head/1"
+ALIGNMENTS = ("predicting", "emitted")
+FEATURES = ("hidden", "logits")
+#: ``layers`` value of a logit-feature head: the final logits are its one "layer".
+LOGITS_LAYER = -1
+
+
+class HeadError(ValueError):
+    """A head file that cannot be read, or a head that does not fit what it is used with."""
+
+
+def model_fingerprint(config: Any) -> dict:
+    """What identifies a model's shape: architecture, hidden size, layer count, vocabulary size.
+
+    ``config`` is a Hugging Face ``PretrainedConfig`` (multimodal configs use their text config),
+    a vLLM ``ModelConfig`` (its ``hf_config`` is read) or a plain mapping with the same keys.
+    """
+    if isinstance(config, Mapping):
+        fp = {k: config.get(k) for k in ("architecture", "hidden_size", "num_layers", "vocab_size")}
+        return fp
+    hf = getattr(config, "hf_config", config)
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+    archs = getattr(hf, "architectures", None) or [type(hf).__name__]
+    return {
+        "architecture": archs[0],
+        "hidden_size": int(text.hidden_size),
+        "num_layers": int(text.num_hidden_layers),
+        "vocab_size": int(text.vocab_size),
+    }
+
+
+def resolve_layers(spec: str | Iterable[int], num_layers: int) -> list[int]:
+    """Hidden-state indices from ``"all"``, ``"lastN"`` (e.g. ``"last4"``), ``"0,4,8"`` or a list.
+
+    Indices follow ``output_hidden_states``: 0 embeddings, 1..L-1 layer outputs, L final norm.
+    Negative integers count from the end (``-1`` is L).
+    """
+    n = num_layers + 1
+    if isinstance(spec, str):
+        s = spec.strip().lower()
+        if s == "all":
+            return list(range(n))
+        if s.startswith("last"):
+            try:
+                k = int(s[4:])
+            except ValueError:
+                raise HeadError(f"layer selection {spec!r}: expected 'lastN' with N a number, e.g. 'last4'") from None
+            if not 1 <= k <= n:
+                raise HeadError(f"layer selection {spec!r}: the model has {n} hidden states (0..{num_layers})")
+            return list(range(n - k, n))
+        try:
+            spec = [int(x) for x in s.split(",") if x.strip()]
+        except ValueError:
+            raise HeadError(
+                f"layer selection {spec!r}: use 'all', 'lastN' or comma-separated indices such as '0,8,16'"
+            ) from None
+    out = []
+    for i in spec:
+        j = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= j < n:
+            raise HeadError(f"layer index {i} is out of range: the model has hidden states 0..{num_layers}")
+        out.append(j)
+    if not out:
+        raise HeadError("layer selection is empty")
+    if len(set(out)) != len(out):
+        raise HeadError(f"layer selection {out} repeats an index")
+    return out
+
+
+class SwiftHead(nn.Module):
+    """Gated linear reward head (SWIFT paper Eq. 2-4).
+
+    Args:
+        hidden_size: ``d``, the width of each selected state (the vocabulary size for
+            ``feature="logits"``).
+        layers: hidden-state indices in ``output_hidden_states`` numbering, concatenated
+            layer-major in this order. For ``feature="logits"`` leave it ``None`` (stored as ``[-1]``).
+        gate: with gate, ``weight`` is ``[2, k*d]`` (gate row, reward row); without, ``[1, k*d]``
+            and the score is the plain mean of the token rewards.
+        alignment: ``"predicting"`` (the state whose logits produced the token) or ``"emitted"``
+            (the state where the token is the input; the paper's definition).
+        feature: ``"hidden"`` or ``"logits"``.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        layers: Sequence[int] | None = None,
+        gate: bool = True,
+        alignment: str = "predicting",
+        feature: str = "hidden",
+    ):
+        super().__init__()
+        if alignment not in ALIGNMENTS:
+            raise HeadError(f"alignment {alignment!r}: expected one of {ALIGNMENTS}")
+        if feature not in FEATURES:
+            raise HeadError(f"feature {feature!r}: expected one of {FEATURES}")
+        if feature == "logits":
+            if layers is not None and list(layers) != [LOGITS_LAYER]:
+                raise HeadError("a logit-feature head has a single 'layer', the final logits: pass layers=None")
+            layers = [LOGITS_LAYER]
+        elif layers is None or len(layers) == 0:
+            raise HeadError("a hidden-state head needs a non-empty list of layer indices")
+        elif len(set(int(i) for i in layers)) != len(layers):
+            raise HeadError(f"layer selection {list(layers)} repeats an index")
+        if int(hidden_size) <= 0:
+            raise HeadError(f"hidden_size must be positive, got {hidden_size}")
+        self.hidden_size = int(hidden_size)
+        self.layers = [int(i) for i in layers]
+        self.gate = bool(gate)
+        self.alignment = alignment
+        self.feature = feature
+        rows = 2 if gate else 1
+        self.weight = nn.Parameter(torch.zeros(rows, len(self.layers) * self.hidden_size))
+        self.bias = nn.Parameter(torch.zeros(rows))
+        nn.init.normal_(self.weight, std=1.0 / (len(self.layers) * self.hidden_size) ** 0.5)
+        #: free-form strings carried in the file: ``model``, ``model_fingerprint``, ``provenance``.
+        self.model_name: str = ""
+        self.model_fingerprint: dict | None = None
+        self.provenance: dict = {}
+
+    @property
+    def num_features(self) -> int:
+        return len(self.layers) * self.hidden_size
+
+    def layer_weight(self, i: int) -> torch.Tensor:
+        """Columns of ``weight`` for the ``i``-th selected layer: ``[rows, d]`` (a view)."""
+        d = self.hidden_size
+        return self.weight[:, i * d : (i + 1) * d]
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_size={self.hidden_size}, layers={self.layers}, gate={self.gate}, "
+            f"alignment={self.alignment!r}, feature={self.feature!r}"
+        )
+
+    # -- model fit -------------------------------------------------------------------------
+    def check_model(self, config: Any, name: str | None = None) -> None:
+        """Raise ``HeadError`` naming head and model when this head cannot score that model."""
+        fp = model_fingerprint(config)
+        model = name or getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None) or fp["architecture"]
+        head_desc = f"head trained on {self.model_name or 'an unnamed model'} ({_fp_str(self.model_fingerprint)})"
+        problems = []
+        if self.feature == "logits":
+            if self.hidden_size != fp["vocab_size"]:
+                problems.append(f"logit head width {self.hidden_size} != vocabulary size {fp['vocab_size']}")
+        else:
+            if self.hidden_size != fp["hidden_size"]:
+                problems.append(f"hidden size {self.hidden_size} != model hidden size {fp['hidden_size']}")
+            bad = [i for i in self.layers if not 0 <= i <= fp["num_layers"]]
+            if bad:
+                problems.append(f"layers {bad} do not exist (the model has hidden states 0..{fp['num_layers']})")
+        if self.model_fingerprint and not problems:
+            for key in ("architecture", "hidden_size", "num_layers", "vocab_size"):
+                want, got = self.model_fingerprint.get(key), fp.get(key)
+                if want is not None and got is not None and want != got:
+                    problems.append(f"{key} {want} != {got}")
+        if problems:
+            raise HeadError(
+                f"this SWIFT head does not fit model {model} ({_fp_str(fp)}): {'; '.join(problems)}. "
+                f"It is a {head_desc}. Train a head for this model with `swift-fast train --model {model}`."
+            )
+
+    def bind_model(self, config: Any, name: str | None = None) -> "SwiftHead":
+        """Record the model this head belongs to (name and fingerprint), for the file's metadata."""
+        self.model_fingerprint = model_fingerprint(config)
+        self.model_name = name or getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", "") or ""
+        return self
+
+    # -- file ------------------------------------------------------------------------------
+    def metadata(self) -> dict[str, str]:
+        return {
+            "format": FORMAT,
+            "hidden_size": str(self.hidden_size),
+            "layers": json.dumps(self.layers),
+            "gate": json.dumps(self.gate),
+            "alignment": self.alignment,
+            "feature": self.feature,
+            "model": self.model_name or "",
+            "model_fingerprint": json.dumps(self.model_fingerprint),
+            "provenance": json.dumps(self.provenance, sort_keys=True, default=str),
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        from safetensors.torch import save_file
+
+        tensors = {
+            "weight": self.weight.detach().to("cpu", torch.float32).contiguous(),
+            "bias": self.bias.detach().to("cpu", torch.float32).contiguous(),
+        }
+        tmp = f"{os.fspath(path)}.tmp"
+        save_file(tensors, tmp, metadata=self.metadata())
+        os.replace(tmp, path)  # a crash mid-write never leaves a truncated head behind
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu") -> "SwiftHead":
+        from safetensors import SafetensorError, safe_open
+
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise HeadError(f"no head file at {path}")
+        try:
+            with safe_open(path, framework="pt") as f:
+                meta = f.metadata() or {}
+                keys = set(f.keys())
+                tensors = {k: f.get_tensor(k) for k in keys}
+        except (SafetensorError, OSError, ValueError) as e:
+            raise HeadError(f"{path} is not a readable safetensors head file ({e})") from e
+        fmt = meta.get("format")
+        if fmt != FORMAT:
+            if fmt and fmt.startswith("swift_fast.head/"):
+                raise HeadError(f"{path} has head format {fmt}; this swift-fast reads {FORMAT}: upgrade swift-fast")
+            raise HeadError(f"{path} is not a swift-fast head (format {fmt!r}, expected {FORMAT!r})")
+        missing = {"weight", "bias"} - keys
+        if missing:
+            raise HeadError(f"{path} lacks tensor(s) {sorted(missing)}")
+        try:
+            layers = json.loads(meta["layers"])
+            head = cls(
+                hidden_size=int(meta["hidden_size"]),
+                layers=None if meta.get("feature") == "logits" else layers,
+                gate=json.loads(meta.get("gate", "true")),
+                alignment=meta.get("alignment", "predicting"),
+                feature=meta.get("feature", "hidden"),
+            )
+            head.model_name = meta.get("model", "")
+            head.model_fingerprint = json.loads(meta.get("model_fingerprint", "null"))
+            head.provenance = json.loads(meta.get("provenance", "{}"))
+        except (KeyError, ValueError, TypeError) as e:
+            raise HeadError(f"{path}: malformed head metadata ({type(e).__name__}: {e})") from e
+        w, b = tensors["weight"], tensors["bias"]
+        if tuple(w.shape) != tuple(head.weight.shape) or tuple(b.shape) != tuple(head.bias.shape):
+            raise HeadError(
+                f"{path}: tensor shapes weight {tuple(w.shape)}, bias {tuple(b.shape)} do not match its metadata "
+                f"(expected {tuple(head.weight.shape)}, {tuple(head.bias.shape)})"
+            )
+        if not (torch.isfinite(w).all() and torch.isfinite(b).all()):
+            raise HeadError(f"{path}: the head's weights contain NaN or infinity")
+        with torch.no_grad():
+            head.weight.copy_(w.float())
+            head.bias.copy_(b.float())
+        return head.to(map_location)
+
+
+def _fp_str(fp: dict | None) -> str:
+    if not fp:
+        return "no fingerprint"
+    return ", ".join(f"{k}={v}" for k, v in fp.items())

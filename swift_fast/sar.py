@@ -1,0 +1,70 @@
+"""Self-aligned reward (SAR paper, arXiv 2509.05489, Eq. 8-9; DESIGN 2).
+
+``ppl(a|q) = exp(-mean_j log P(a_j | q, a_<j))`` and ``ppl(a) = exp(-mean_j log P(a_j | q0, a_<j))``
+with ``q0`` the prompt without the user's question (system prompt kept).
+``R_SA = clip((ppl(a) - ppl(a|q)) / ppl(a), -1, 1)``.
+
+Empty answer: the mean over no tokens is taken as 0, so its perplexity is 1 under both
+contexts and ``R_SA = 0`` (no evidence either way). NaN log-probs propagate to NaN rewards.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kernels.swift_reduce import segment_sums
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a reasoning expert assistant. Given a question, you will use your reasoning skills "
+    "to solve the problem."
+)
+DEFAULT_ALPHA = 0.2
+
+
+def mean_logprob(token_logprobs: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Per-segment mean of ``token_logprobs[T]`` (float32 ``[B]``; 0 for an empty segment)."""
+    cu = cu_seqlens.to(device=token_logprobs.device, dtype=torch.long)
+    n = (cu[1:] - cu[:-1]).to(torch.float32)
+    return segment_sums(token_logprobs.float(), cu) / n.clamp(min=1)
+
+
+def perplexity(token_logprobs: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """``exp(-mean log p)`` per segment: ``[B]`` float32 (1 for an empty segment)."""
+    return torch.exp(-mean_logprob(token_logprobs, cu_seqlens))
+
+
+def sar_from_means(mean_with_question: torch.Tensor, mean_without_question: torch.Tensor) -> torch.Tensor:
+    """``R_SA`` from the two per-answer mean log-probs.
+
+    ``(ppl(a) - ppl(a|q)) / ppl(a) = 1 - exp(m0 - mq)``, computed with ``expm1`` so that large
+    perplexities neither overflow nor cancel.
+    """
+    r = -torch.expm1(mean_without_question.float() - mean_with_question.float())
+    return r.clamp(-1.0, 1.0)
+
+
+def sar_reward(
+    logp_with_question: torch.Tensor,
+    logp_without_question: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+) -> torch.Tensor:
+    """Self-aligned reward per answer.
+
+    Args:
+        logp_with_question: ``[T]`` log P(a_j | q, a_<j) of every answer token, answers packed.
+        logp_without_question: ``[T]`` log P(a_j | q0, a_<j), same packing.
+        cu_seqlens: int ``[B+1]`` answer boundaries.
+    Returns:
+        ``[B]`` float32 in ``[-1, 1]``.
+    """
+    if logp_with_question.shape != logp_without_question.shape:
+        raise ValueError(
+            f"both passes must score the same answer tokens: {tuple(logp_with_question.shape)} vs "
+            f"{tuple(logp_without_question.shape)}"
+        )
+    return sar_from_means(mean_logprob(logp_with_question, cu_seqlens), mean_logprob(logp_without_question, cu_seqlens))
+
+
+def rl_reward(verifiable: torch.Tensor, sar: torch.Tensor, alpha: float = DEFAULT_ALPHA) -> torch.Tensor:
+    """``R_VR + alpha * R_SA`` (SAR paper; alpha 0.2 by default)."""
+    return verifiable.float() + alpha * sar.float()
