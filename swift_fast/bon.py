@@ -17,7 +17,8 @@ def _scores(x, k: int | None = None) -> torch.Tensor:
     t = torch.as_tensor(x, dtype=torch.float64)
     if t.dim() != 2:
         raise ValueError(f"scores must be [problems, candidates], got shape {tuple(t.shape)}")
-    t = torch.nan_to_num(t, nan=float("-inf"))
+    # NOTE: not nan_to_num, which would also turn +-inf into the largest finite numbers.
+    t = torch.where(torch.isnan(t), float("-inf"), t)
     if k is not None:
         if not 1 <= k <= t.shape[1]:
             raise ValueError(f"k={k} but there are {t.shape[1]} candidates per problem")

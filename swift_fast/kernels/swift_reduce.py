@@ -1,29 +1,59 @@
 """SWIFT reduction: multi-layer 2-column projection, sigmoid gate and per-segment gated average.
 
-Reference (pure torch) here; fast paths are added beside it and checked against it.
-
 Math (SWIFT paper Eq. 2-4, DESIGN 2): for scored token t, ``z_t = sum_l W_l h^l_t + b``;
 with gate ``g_t = sigmoid(z_t[0])``, ``r_t = z_t[1]``; without gate ``g_t = 1``, ``r_t = z_t[0]``.
 Per segment ``R = sum g r / max(sum g, 1e-8)``; an empty segment scores 0.
+
+A ``(hidden, residual)`` pair stands for the residual stream ``hidden + residual`` summed in the
+input dtype (what vLLM's fused add-RMSNorm and Hugging Face's decoder layers store), then
+projected in float32.
+
+NaN policy: a NaN (or inf making NaN) in a scored token's state makes that segment's three
+outputs NaN; other segments are unaffected, and tokens outside ``[cu[0], cu[-1])`` are never read.
+
+Triton path (CUDA, or the interpreter):
+  1. ``_project_kernel``: per block of tokens, loop over up to 4 layers and over ``d``, accumulate
+     the 1-2 dot products in float32 and write (or add to) ``z[T, rows]``. Each layer is read
+     exactly once; ``z`` costs 16 bytes a token per launch. Layers keep their own row stride.
+  2. ``_segment_partials_kernel``: grid ``(B, SPLIT)``; program ``(b, s)`` sums ``g`` and ``g r``
+     over the ``s``-th slice of segment ``b`` in a fixed order (varlen via ``cu_seqlens``,
+     ``bos``/``eos``), so one huge segment is still spread over ``SPLIT`` programs.
+  3. ``_segment_finish_kernel``: sums the ``SPLIT`` partials of each segment in a fixed order.
+No float atomics anywhere: outputs are bit-identical run to run.
 """
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
+
+from ._dispatch import HAVE_TRITON, native_module, next_pow2, resolve, tl, triton
+from ._tl import round_code
 
 Layer = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
 
 GATE_EPS = 1e-8
 
 
-def _stream(layer: Layer) -> torch.Tensor:
-    """The residual stream of one layer: ``hidden`` or ``hidden + residual`` (vLLM's pair form)."""
+# ----------------------------------------------------------------------------------------------
+# reference
+
+
+def _pair(layer: Layer) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     if isinstance(layer, (tuple, list)):
-        hidden, residual = layer
-        return hidden.float() + residual.float()
-    return layer.float()
+        if len(layer) != 2:
+            raise ValueError("a layer pair must be (hidden, residual)")
+        return layer[0], layer[1]
+    return layer, None
+
+
+def _stream(layer: Layer) -> torch.Tensor:
+    """The residual stream of one layer, float32: ``hidden`` or ``hidden + residual`` (in the input dtype)."""
+    hidden, residual = _pair(layer)
+    if residual is None:
+        return hidden.float()
+    return (hidden + residual).float()
 
 
 def project_reference(layers: Sequence[Layer], weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -73,6 +103,11 @@ def segment_sums(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor
     return torch.zeros(b, dtype=torch.float32, device=values.device).index_add_(0, seg, vals)
 
 
+def finish_scores(weighted_sum: torch.Tensor, gate_sum: torch.Tensor) -> torch.Tensor:
+    """``R = sum g r / max(sum g, 1e-8)``; 0 where nothing was scored (both sums 0)."""
+    return weighted_sum / torch.clamp(gate_sum, min=GATE_EPS)
+
+
 def swift_reduce_reference(
     layers: Sequence[Layer],
     weight: torch.Tensor,
@@ -97,9 +132,256 @@ def swift_reduce_reference(
     return finish_scores(wsum, gsum), gsum, wsum
 
 
-def finish_scores(weighted_sum: torch.Tensor, gate_sum: torch.Tensor) -> torch.Tensor:
-    """``R = sum g r / max(sum g, 1e-8)``; 0 where nothing was scored (both sums 0)."""
-    return weighted_sum / torch.clamp(gate_sum, min=GATE_EPS)
+# ----------------------------------------------------------------------------------------------
+# checks shared by the fast paths
+
+
+def check_inputs(layers: Sequence[Layer], weight: torch.Tensor, bias: torch.Tensor, cu_seqlens: torch.Tensor):
+    """Validate shapes; returns ``(pairs, T, d, rows)``."""
+    if len(layers) == 0:
+        raise ValueError("swift_reduce needs at least one layer")
+    if weight.dim() != 2 or weight.shape[0] not in (1, 2):
+        raise ValueError(f"weight must be [2, k*d] (gate) or [1, k*d], got {tuple(weight.shape)}")
+    rows = weight.shape[0]
+    if bias.numel() != rows:
+        raise ValueError(f"bias has {bias.numel()} values, weight has {rows} rows")
+    k = len(layers)
+    d = weight.shape[1] // k
+    if d * k != weight.shape[1]:
+        raise ValueError(f"weight has {weight.shape[1]} columns, not a multiple of {k} layers")
+    pairs = [_pair(layer) for layer in layers]
+    t = pairs[0][0].shape[0]
+    for i, (h, r) in enumerate(pairs):
+        if h.dim() != 2 or h.shape != (t, d):
+            raise ValueError(f"layer {i} is {tuple(h.shape)}; expected [T={t}, d={d}] like layer 0 and the head")
+        if not h.is_floating_point():
+            raise ValueError(f"layer {i} has dtype {h.dtype}; expected a float dtype")
+        if r is not None and r.shape != h.shape:
+            raise ValueError(f"layer {i}: residual {tuple(r.shape)} does not match hidden {tuple(h.shape)}")
+        if h.device != weight.device or (r is not None and r.device != h.device):
+            raise ValueError(f"layer {i} is on {h.device}, the weight on {weight.device}: move them to one device")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.is_floating_point():
+        raise ValueError("cu_seqlens must be a 1-D integer tensor [B+1]")
+    if cu_seqlens.device.type == "cpu":  # cheap to check without a device sync
+        cu = cu_seqlens.long()
+        if cu.numel() > 1 and bool((cu[1:] < cu[:-1]).any()):
+            raise ValueError("cu_seqlens must be non-decreasing")
+        if cu.numel() and (int(cu[0]) < 0 or int(cu[-1]) > t):
+            raise ValueError(f"cu_seqlens spans tokens {int(cu[0])}..{int(cu[-1])}, the layers have {t}")
+    return pairs, t, d, rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton
+
+#: Layers one launch reads; each adds a (hidden, residual) pointer pair and two strides.
+LAYERS_PER_LAUNCH = 4
+#: Defaults, checked on the paper shape on the GPU (``bench/gpu_check.sh``).
+BLOCK_T, BLOCK_D, NUM_WARPS = 16, 256, 4
+
+if HAVE_TRITON:
+    from ._tl import round_to
+
+    @triton.jit
+    def _layer_dot(acc0, acc1, h_ptr, r_ptr, stride_h, stride_r, w_ptr, stride_w, rows64, mask_t, D,
+                   HAS_RES: tl.constexpr, ROUND: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+        for d0 in range(0, D, BLOCK_D):
+            cols = d0 + tl.arange(0, BLOCK_D)
+            mask_d = cols < D
+            m = mask_t[:, None] & mask_d[None, :]
+            # NOTE: bf16 is loaded and cast at once; the interpreter has no bf16 arithmetic.
+            h = tl.load(h_ptr + rows64[:, None] * stride_h + cols[None, :], mask=m, other=0.0).to(tl.float32)
+            if HAS_RES:
+                r = tl.load(r_ptr + rows64[:, None] * stride_r + cols[None, :], mask=m, other=0.0).to(tl.float32)
+                h = round_to(h + r, ROUND)
+            w0 = tl.load(w_ptr + cols, mask=mask_d, other=0.0)
+            acc0 += h * w0[None, :]
+            if ROWS == 2:
+                w1 = tl.load(w_ptr + stride_w + cols, mask=mask_d, other=0.0)
+                acc1 += h * w1[None, :]
+        return acc0, acc1
+
+    @triton.jit
+    def _project_kernel(
+        z_ptr, stride_z, w_ptr, stride_w, T, D,
+        h0, r0, sh0, sr0, h1, r1, sh1, sr1, h2, r2, sh2, sr2, h3, r3, sh3, sr3,
+        NUM_LAYERS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr, ROWS: tl.constexpr,
+        ACCUMULATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+        mask_t = rows < T
+        rows64 = rows.to(tl.int64)  # NOTE: T * stride overflows int32 at a few million tokens
+        acc0 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        acc0, acc1 = _layer_dot(acc0, acc1, h0, r0, sh0, sr0, w_ptr, stride_w, rows64, mask_t, D,
+                                HAS_RES, ROUND, ROWS, BLOCK_D)
+        if NUM_LAYERS > 1:
+            acc0, acc1 = _layer_dot(acc0, acc1, h1, r1, sh1, sr1, w_ptr + D, stride_w, rows64, mask_t, D,
+                                    HAS_RES, ROUND, ROWS, BLOCK_D)
+        if NUM_LAYERS > 2:
+            acc0, acc1 = _layer_dot(acc0, acc1, h2, r2, sh2, sr2, w_ptr + 2 * D, stride_w, rows64, mask_t, D,
+                                    HAS_RES, ROUND, ROWS, BLOCK_D)
+        if NUM_LAYERS > 3:
+            acc0, acc1 = _layer_dot(acc0, acc1, h3, r3, sh3, sr3, w_ptr + 3 * D, stride_w, rows64, mask_t, D,
+                                    HAS_RES, ROUND, ROWS, BLOCK_D)
+        z0 = tl.sum(acc0, axis=1)
+        if ACCUMULATE:
+            z0 += tl.load(z_ptr + rows64 * stride_z, mask=mask_t, other=0.0)
+        tl.store(z_ptr + rows64 * stride_z, z0, mask=mask_t)
+        if ROWS == 2:
+            z1 = tl.sum(acc1, axis=1)
+            if ACCUMULATE:
+                z1 += tl.load(z_ptr + rows64 * stride_z + 1, mask=mask_t, other=0.0)
+            tl.store(z_ptr + rows64 * stride_z + 1, z1, mask=mask_t)
+
+    @triton.jit
+    def _segment_partials_kernel(z_ptr, stride_z, bias_ptr, cu_ptr, part_ptr,
+                                 SPLIT: tl.constexpr, GATE: tl.constexpr, BLOCK: tl.constexpr):
+        b = tl.program_id(0)
+        s = tl.program_id(1)
+        bos = tl.load(cu_ptr + b).to(tl.int64)
+        eos = tl.load(cu_ptr + b + 1).to(tl.int64)
+        # equal slices rounded up to whole blocks, so the block grid does not depend on s
+        per = tl.cdiv(tl.cdiv(eos - bos, SPLIT), BLOCK) * BLOCK
+        start = bos + s * per
+        stop = tl.minimum(start + per, eos)
+        b0 = tl.load(bias_ptr)
+        if GATE:
+            b1 = tl.load(bias_ptr + 1)
+        acc_w = tl.zeros([BLOCK], dtype=tl.float32)
+        acc_g = tl.zeros([BLOCK], dtype=tl.float32)
+        for t0 in range(start, stop, BLOCK):
+            t = t0 + tl.arange(0, BLOCK)
+            m = t < stop
+            z0 = tl.load(z_ptr + t * stride_z, mask=m, other=0.0) + b0
+            if GATE:
+                z1 = tl.load(z_ptr + t * stride_z + 1, mask=m, other=0.0) + b1
+                g = tl.sigmoid(z0)
+                gr = g * z1
+            else:
+                g = tl.full([BLOCK], 1.0, tl.float32)
+                gr = z0
+            # NOTE: where, not a multiply by the mask: 0 * NaN would leak nothing here, but
+            # masked lanes must contribute exactly 0 for bit-stable sums.
+            acc_g += tl.where(m, g, 0.0)
+            acc_w += tl.where(m, gr, 0.0)
+        out = part_ptr + (b * SPLIT + s) * 2
+        tl.store(out, tl.sum(acc_w, axis=0))
+        tl.store(out + 1, tl.sum(acc_g, axis=0))
+
+    @triton.jit
+    def _segment_finish_kernel(part_ptr, score_ptr, gsum_ptr, wsum_ptr, B, EPS,
+                               SPLIT: tl.constexpr, BLOCK_B: tl.constexpr):
+        bs = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+        mb = bs < B
+        ss = tl.arange(0, SPLIT)
+        base = part_ptr + (bs[:, None] * SPLIT + ss[None, :]) * 2
+        w = tl.sum(tl.load(base, mask=mb[:, None], other=0.0), axis=1)
+        g = tl.sum(tl.load(base + 1, mask=mb[:, None], other=0.0), axis=1)
+        den = tl.where(g < EPS, EPS, g)  # keeps NaN, like torch.clamp
+        tl.store(score_ptr + bs, w / den, mask=mb)
+        tl.store(gsum_ptr + bs, g, mask=mb)
+        tl.store(wsum_ptr + bs, w, mask=mb)
+
+
+def _row_major(x: torch.Tensor) -> torch.Tensor:
+    # the kernels take a row stride and need unit stride along d
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def project_triton(
+    pairs: Sequence[Tuple[torch.Tensor, Optional[torch.Tensor]]],
+    weight: torch.Tensor,
+    z: torch.Tensor,
+    accumulate: bool,
+    block_t: int = BLOCK_T,
+    block_d: int = BLOCK_D,
+    num_warps: int = NUM_WARPS,
+) -> None:
+    """``z[:T, :rows] (+)= sum_l stream_l @ W_l^T`` with the Triton kernel, in place.
+
+    Args:
+        pairs: ``(hidden[T, d], residual[T, d] or None)`` per layer; any row stride.
+        weight: ``[rows, k*d]`` float32, contiguous.
+        z: float32 ``[N >= T, >= rows]`` with unit column stride.
+        accumulate: add to ``z`` (else the first launch overwrites it).
+    """
+    t = pairs[0][0].shape[0]
+    d = pairs[0][0].shape[1]
+    rows = weight.shape[0]
+    if t == 0:
+        return
+    grid = (triton.cdiv(t, block_t),)
+    i = 0
+    first = True
+    while i < len(pairs):
+        h, r = pairs[i]
+        key = (h.dtype, None if r is None else r.dtype)
+        group = [pairs[i]]
+        while (
+            len(group) < LAYERS_PER_LAUNCH
+            and i + len(group) < len(pairs)
+            and (pairs[i + len(group)][0].dtype, None if pairs[i + len(group)][1] is None else pairs[i + len(group)][1].dtype)
+            == key
+        ):
+            group.append(pairs[i + len(group)])
+        args: List = []
+        for j in range(LAYERS_PER_LAUNCH):
+            gh, gr = group[min(j, len(group) - 1)]
+            gh = _row_major(gh)
+            gr = gh if gr is None else _row_major(gr)
+            args += [gh, gr, gh.stride(0), gr.stride(0)]
+        has_res = r is not None
+        rdt = torch.promote_types(h.dtype, r.dtype) if has_res else h.dtype
+        _project_kernel[grid](
+            z, z.stride(0), weight[:, i * d :], weight.stride(0), t, d, *args,
+            NUM_LAYERS=len(group), HAS_RES=has_res, ROUND=round_code(rdt), ROWS=rows,
+            ACCUMULATE=accumulate or not first, BLOCK_T=block_t, BLOCK_D=block_d, num_warps=num_warps,
+        )
+        first = False
+        i += len(group)
+
+
+def _split_for(t: int, b: int) -> int:
+    # enough programs per segment that one huge segment is not one long serial loop, few
+    # enough that many short segments do not launch millions of idle programs
+    return next_pow2(max(1, min(64, triton.cdiv(t, 8192), max(1, 65536 // max(b, 1)))))
+
+
+def segment_reduce_triton(z: torch.Tensor, bias: torch.Tensor, cu_seqlens: torch.Tensor, gate: bool):
+    """Stage 2-3: ``z[T, rows]`` (without bias) -> ``(score, gate_sum, weighted_sum)`` float32 ``[B]``."""
+    b = cu_seqlens.numel() - 1
+    dev = z.device
+    out = torch.empty(3, b, dtype=torch.float32, device=dev)
+    if b == 0:
+        return out[0], out[1], out[2]
+    split = _split_for(z.shape[0], b)
+    part = torch.empty(b, split, 2, dtype=torch.float32, device=dev)
+    cu = cu_seqlens.to(device=dev)
+    _segment_partials_kernel[(b, split)](z, z.stride(0), bias, cu, part, SPLIT=split, GATE=gate, BLOCK=1024)
+    block_b = 64
+    _segment_finish_kernel[(triton.cdiv(b, block_b),)](
+        part, out[0], out[1], out[2], b, GATE_EPS, SPLIT=split, BLOCK_B=block_b
+    )
+    return out[0], out[1], out[2]
+
+
+def swift_reduce_triton(layers, weight, bias, cu_seqlens, **config):
+    pairs, t, d, rows = check_inputs(layers, weight, bias, cu_seqlens)
+    w = weight.to(torch.float32).contiguous()
+    bvec = bias.to(device=w.device, dtype=torch.float32).contiguous()
+    z = torch.zeros(max(t, 1), rows, dtype=torch.float32, device=w.device)
+    project_triton(pairs, w, z, accumulate=False, **config)
+    return segment_reduce_triton(z, bvec, cu_seqlens, rows == 2)
+
+
+def swift_reduce_native(layers, weight, bias, cu_seqlens):
+    pairs, t, d, rows = check_inputs(layers, weight, bias, cu_seqlens)
+    nat = native_module()
+    hs = [p[0] for p in pairs]
+    rs = [p[1] for p in pairs]
+    return tuple(nat.swift_reduce(hs, rs, weight.float().contiguous(), bias.float().contiguous(), cu_seqlens.long()))
 
 
 def swift_reduce(
@@ -109,7 +391,17 @@ def swift_reduce(
     cu_seqlens: torch.Tensor,
     backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """SWIFT reduction; see :func:`swift_reduce_reference` for shapes and dtypes."""
-    if backend not in ("auto", "torch"):
-        raise ValueError(f"backend {backend!r} is not available for swift_reduce")
+    """SWIFT reduction; see :func:`swift_reduce_reference` for shapes and dtypes.
+
+    ``backend``: see :mod:`swift_fast.kernels._dispatch`. The Triton path reads each layer
+    once, never concatenates, and is deterministic (no float atomics).
+    """
+    if len(layers) == 0:
+        raise ValueError("swift_reduce needs at least one layer")
+    device = _pair(layers[0])[0].device
+    which = resolve(backend, device, "swift_reduce")
+    if which == "triton":
+        return swift_reduce_triton(layers, weight, bias, cu_seqlens)
+    if which == "native":
+        return swift_reduce_native(layers, weight, bias, cu_seqlens)
     return swift_reduce_reference(layers, weight, bias, cu_seqlens)

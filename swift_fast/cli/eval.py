@@ -1,0 +1,94 @@
+"""`swift-fast eval`: Best-of-N table and plot from a rollout file of scored candidates."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DESCRIPTION = """\
+Best-of-N accuracy at k = 1, 2, 4, ... N from a rollout file (JSONL, one problem per line, as
+written by `swift-fast collect`, `score` or `bon`). Rows: random choice (expected), majority
+vote, best-of-k by each score column, the score-weighted vote, rank and scaled combinations
+with --external / --sar, and oracle pass@k. Each cell carries a 95% bootstrap confidence
+interval over problems.
+
+BoN@k uses the first k candidates of each problem in generation order; ties go to the lowest
+index. Candidates need a boolean `correct` (or use --grade) and, for voting, an `answer`.
+"""
+
+EXAMPLES = """\
+examples:
+  swift-fast eval scored.jsonl
+  swift-fast eval scored.jsonl --score swift_score --external rm_score --plot bon.png
+  swift-fast eval rollouts.jsonl --grade --score logprob_mean --ks 1,4,16
+"""
+
+
+def add_parser(sub, name, help_):
+    p = sub.add_parser(
+        name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("rollouts", help="rollout JSONL with scored candidates")
+    p.add_argument("--score", default="swift_score", help="candidate field to select by (default: swift_score)")
+    p.add_argument("--external", help="a second score column (e.g. a reward model's) to combine with --score by rank and scaled")
+    p.add_argument("--sar", help="the SAR column, when present (e.g. sar): selected by alone and combined with --score")
+    p.add_argument("--ks", help="comma-separated k values (default: 1, 2, 4, ... N)")
+    p.add_argument("-n", type=int, help="candidates per problem to use (default: the fewest any problem has)")
+    p.add_argument("--grade", action="store_true", help="(re)grade candidates from their text and the problem's reference")
+    p.add_argument("--plot", help="PNG path (default: next to the input, <name>.bon.png); 'none' to skip")
+    p.add_argument("--json", help="write the summary as JSON here")
+    p.add_argument("--skip-bad", action="store_true", help="skip malformed lines (counted) instead of stopping at the first")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the confidence intervals (default 2000)")
+    p.add_argument("--no-ci", action="store_true", help="print accuracies without intervals")
+    return p
+
+
+def regrade(problems, progress: bool = True) -> None:
+    """Fill each candidate's ``answer`` and ``correct`` from its text and the problem's reference."""
+    from ..grading import extract_answer, grade_many
+
+    for p in _progress(problems, "grading", progress):
+        texts = [c.get("text", "") for c in p.candidates]
+        verdicts = grade_many(texts, [p.reference] * len(texts), p.kind)
+        for c, t, ok in zip(p.candidates, texts, verdicts):
+            c["answer"] = extract_answer(t, p.kind)
+            c["correct"] = bool(ok)
+
+
+def _progress(it, desc, enabled):
+    if not enabled:
+        return it
+    from tqdm.auto import tqdm
+
+    return tqdm(it, desc=desc, unit="problem", file=sys.stderr)
+
+
+def run(args) -> int:
+    from .. import report
+    from ..datasets import DataError
+    from ..rollouts import read_rollouts
+
+    stats: dict = {}
+    try:
+        problems = read_rollouts(args.rollouts, skip_bad=args.skip_bad, stats=stats)
+        if stats.get("skipped"):
+            print(f"skipped {stats['skipped']} malformed lines (first: {stats['errors'][0]})", file=sys.stderr)
+        if args.grade:
+            regrade(problems)
+        keys = [k for k in (args.score, args.sar, args.external) if k]
+        cands = report.gather(problems, keys, n=args.n, where=args.rollouts)
+        ks = [int(x) for x in args.ks.split(",")] if args.ks else None
+        table = report.bon_table(cands, report.standard_selectors(args.score, args.external, args.sar), ks, reps=args.bootstrap)
+    except (DataError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report.format_table(table, ci=not args.no_ci))
+    if args.plot != "none":
+        path = args.plot or os.path.splitext(args.rollouts)[0] + ".bon.png"
+        report.plot(table, path, title=os.path.basename(args.rollouts))
+        print(f"plot: {path}")
+    if args.json:
+        report.save_json(table, args.json, source=os.path.abspath(args.rollouts))
+        print(f"summary: {args.json}")
+    return 0

@@ -1,0 +1,242 @@
+"""Best-of-N reports: accuracy of each selector at each k, with bootstrap confidence intervals,
+as a text table, a JSON summary and a PNG plot. Shared by ``eval``, ``bon`` and the demo."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence
+
+import torch
+
+from . import bon
+from .datasets import DataError
+from .rollouts import Problem
+
+
+@dataclass
+class Candidates:
+    """The first ``n`` candidates of ``P`` problems as matrices.
+
+    ``correct`` bool ``[P, n]``; ``answers`` hashable keys (None: no answer); ``scores`` named
+    float64 ``[P, n]`` columns (NaN where a candidate has no such score).
+    """
+
+    ids: list[str]
+    correct: torch.Tensor
+    answers: list[list[Hashable | None]]
+    scores: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return self.correct.shape[1]
+
+
+def gather(problems: Sequence[Problem], score_keys: Sequence[str] = (), n: int | None = None, where: str = "") -> Candidates:
+    """Matrices from rollout problems. Every problem must have at least ``n`` candidates (default:
+    the fewest any problem has) and each of them a ``correct`` field."""
+    if not problems:
+        raise DataError(f"{where or 'rollouts'}: no problems to evaluate")
+    counts = [len(p.candidates) for p in problems]
+    n = min(counts) if n is None else n
+    if n < 1:
+        empty = next(p.id for p in problems if not p.candidates)
+        raise DataError(f"{where}: problem {empty!r} has no candidates")
+    short = [p.id for p, c in zip(problems, counts) if c < n]
+    if short:
+        raise DataError(f"{where}: {len(short)} problems have fewer than {n} candidates (first: {short[0]!r})")
+    correct, answers = [], []
+    cols: dict[str, list[list[float]]] = {k: [] for k in score_keys}
+    for p in problems:
+        row_c, row_a = [], []
+        for i, c in enumerate(p.candidates[:n]):
+            if c.get("correct") is None:
+                raise DataError(
+                    f"{where}: problem {p.id!r} candidate {i} has no 'correct' field: grade the candidates first "
+                    "(`swift-fast eval --grade` grades them from their text and the problem's reference)"
+                )
+            row_c.append(bool(c["correct"]))
+            a = c.get("answer")
+            row_a.append(None if a is None or a == "" else str(a))
+        correct.append(row_c)
+        answers.append(row_a)
+        for k in score_keys:
+            vals = []
+            for i, c in enumerate(p.candidates[:n]):
+                v = c.get(k)
+                vals.append(float("nan") if v is None else float(v))
+            cols[k].append(vals)
+    for k in score_keys:
+        if all(math.isnan(v) for row in cols[k] for v in row):
+            raise DataError(f"{where}: no candidate has a score column {k!r}")
+    return Candidates(
+        ids=[p.id for p in problems],
+        correct=torch.tensor(correct, dtype=torch.bool),
+        answers=answers,
+        scores={k: torch.tensor(v, dtype=torch.float64) for k, v in cols.items()},
+    )
+
+
+# A selector maps (candidates, k) to per-problem outcomes in [0, 1] (1 = correct pick); an
+# expectation such as random choice gives fractions.
+Selector = Callable[[Candidates, int], torch.Tensor]
+
+
+def _picked(c: Candidates, idx: torch.Tensor) -> torch.Tensor:
+    return c.correct.gather(1, idx.view(-1, 1)).squeeze(1).double()
+
+
+def random_choice(c: Candidates, k: int) -> torch.Tensor:
+    """Expected accuracy of a uniformly random pick among the first k."""
+    return c.correct[:, :k].double().mean(1)
+
+
+def majority(c: Candidates, k: int) -> torch.Tensor:
+    return _picked(c, bon.majority_vote(c.answers, k))
+
+
+def oracle(c: Candidates, k: int) -> torch.Tensor:
+    return c.correct[:, :k].any(1).double()
+
+
+def best_of(key: str) -> Selector:
+    return lambda c, k: _picked(c, bon.bon_select(c.scores[key], k))
+
+
+def weighted(key: str) -> Selector:
+    return lambda c, k: _picked(c, bon.weighted_vote(c.answers, c.scores[key], k))
+
+
+def ranked(a: str, b: str) -> Selector:
+    return lambda c, k: _picked(c, bon.combine_rank(c.scores[a], c.scores[b], k))
+
+
+def scaled(a: str, b: str) -> Selector:
+    return lambda c, k: _picked(c, bon.combine_scaled(c.scores[a], c.scores[b], k))
+
+
+def standard_selectors(score: str | None, external: str | None = None, sar: str | None = None) -> dict[str, Selector]:
+    """The report's rows: random, majority, then selection by each score and their combinations,
+    oracle last."""
+    rows: dict[str, Selector] = {"random": random_choice, "majority": majority}
+    for key in (score, sar, external):
+        if key:
+            rows[key] = best_of(key)
+    if score:
+        rows[f"{score} weighted vote"] = weighted(score)
+    for other in (sar, external):
+        if score and other:
+            rows[f"{score}+{other} rank"] = ranked(score, other)
+            rows[f"{score}+{other} scaled"] = scaled(score, other)
+    rows["oracle pass@k"] = oracle
+    return rows
+
+
+def bootstrap_ci(outcomes: torch.Tensor, reps: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-problem ``outcomes`` (resampling problems).
+    For a paired difference, pass the per-problem differences."""
+    x = outcomes.double().flatten()
+    if x.numel() == 0:
+        return (float("nan"), float("nan"))
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, x.numel(), (reps, x.numel()), generator=g)
+    means = x[idx].mean(1)
+    lo, hi = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
+    return lo, hi
+
+
+@dataclass
+class Table:
+    ks: list[int]
+    rows: dict[str, dict[int, float]]
+    ci: dict[str, dict[int, tuple[float, float]]]
+    outcomes: dict[str, dict[int, torch.Tensor]]
+    num_problems: int
+
+    def to_json(self) -> dict:
+        return {
+            "num_problems": self.num_problems,
+            "ks": self.ks,
+            "accuracy": {r: {str(k): v for k, v in row.items()} for r, row in self.rows.items()},
+            "ci95": {r: {str(k): list(v) for k, v in row.items()} for r, row in self.ci.items()},
+        }
+
+    def difference_ci(self, a: str, b: str, k: int, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+        """Paired bootstrap of ``acc(a) - acc(b)`` at ``k``: (difference, low, high)."""
+        d = self.outcomes[a][k] - self.outcomes[b][k]
+        lo, hi = bootstrap_ci(d, reps=reps, seed=seed)
+        return d.mean().item(), lo, hi
+
+
+def bon_table(c: Candidates, selectors: dict[str, Selector], ks: Sequence[int] | None = None, reps: int = 2000, seed: int = 0) -> Table:
+    ks = list(ks or bon.default_ks(c.n))
+    bad = [k for k in ks if not 1 <= k <= c.n]
+    if bad:
+        raise ValueError(f"k values {bad} are outside 1..{c.n} (candidates per problem)")
+    rows, ci, outs = {}, {}, {}
+    for name, sel in selectors.items():
+        rows[name], ci[name], outs[name] = {}, {}, {}
+        for k in ks:
+            o = sel(c, k)
+            outs[name][k] = o
+            rows[name][k] = o.mean().item()
+            ci[name][k] = bootstrap_ci(o, reps=reps, seed=seed)
+    return Table(ks=ks, rows=rows, ci=ci, outcomes=outs, num_problems=len(c.ids))
+
+
+def format_table(t: Table, ci: bool = True) -> str:
+    """Accuracy in percent, one row per selector and one column per k; ``[lo, hi]`` 95% bootstrap CI."""
+    def cell(name, k):
+        v = 100 * t.rows[name][k]
+        if not ci:
+            return f"{v:5.1f}"
+        lo, hi = (100 * x for x in t.ci[name][k])
+        return f"{v:5.1f} [{lo:4.1f},{hi:5.1f}]"
+
+    width = max(len(n) for n in t.rows) + 2
+    cells = {n: [cell(n, k) for k in t.ks] for n in t.rows}
+    cw = max(len(x) for row in cells.values() for x in row) + 2
+    head = "selector".ljust(width) + "".join(f"k={k}".rjust(cw) for k in t.ks)
+    lines = [head, "-" * len(head)]
+    for n, row in cells.items():
+        lines.append(n.ljust(width) + "".join(x.rjust(cw) for x in row))
+    lines.append(f"accuracy % over {t.num_problems} problems" + (", 95% bootstrap CI over problems" if ci else ""))
+    return "\n".join(lines)
+
+
+def plot(t: Table, path: str, title: str = "Best-of-N accuracy") -> str:
+    """Accuracy against k (log2 axis), one line per selector with its CI band; PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for name in t.rows:
+        ys = [100 * t.rows[name][k] for k in t.ks]
+        style = dict(ls="--", color="grey") if name == "oracle pass@k" else dict(ls=":", color="black") if name == "random" else {}
+        (line,) = ax.plot(t.ks, ys, marker="o", ms=3, label=name, **style)
+        lo = [100 * t.ci[name][k][0] for k in t.ks]
+        hi = [100 * t.ci[name][k][1] for k in t.ks]
+        ax.fill_between(t.ks, lo, hi, alpha=0.12, color=line.get_color())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(t.ks)
+    ax.set_xticklabels([str(k) for k in t.ks])
+    ax.set_xlabel("k (candidates per problem)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(f"{title} ({t.num_problems} problems)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def save_json(t: Table, path: str, **extra) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({**t.to_json(), **extra}, f, indent=2)
+    return path

@@ -1,0 +1,113 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from swift_fast import report
+from swift_fast.cli import main
+from swift_fast.datasets import DataError
+from swift_fast.rollouts import Problem, RolloutWriter, done_ids, read_rollouts, write_rollouts
+
+
+def _problems():
+    # 4 candidates each; answers, correctness and two score columns chosen so every selector's
+    # outcome can be read off by hand.
+    rows = [
+        # p0: swift picks c1 (correct), rm picks c3 (wrong), majority "5" (c0, wrong)
+        [("5", 0, 0.1, 0.2), ("7", 1, 0.9, 0.1), ("5", 0, 0.2, 0.3), ("9", 0, 0.3, 0.9)],
+        # p1: swift picks c0 (wrong), rm picks c2 (correct), majority "2" (c2, correct)
+        [("1", 0, 0.8, 0.0), ("2", 1, 0.1, 0.1), ("2", 1, 0.2, 0.8), ("3", 0, 0.4, 0.2)],
+        # p2: nothing correct
+        [("4", 0, 0.5, 0.5), ("4", 0, 0.1, 0.1), (None, 0, 0.2, 0.2), ("6", 0, 0.3, 0.3)],
+    ]
+    out = []
+    for i, r in enumerate(rows):
+        cands = [{"token_ids": [1, 2], "text": f"x {a}", "answer": a, "correct": bool(c), "swift_score": s, "rm": m} for a, c, s, m in r]
+        out.append(Problem(id=f"p{i}", candidates=cands, reference="?", prompt_token_ids=[0]))
+    return out
+
+
+def test_table_by_hand():
+    c = report.gather(_problems(), ["swift_score", "rm"])
+    t = report.bon_table(c, report.standard_selectors("swift_score", "rm"), ks=[1, 2, 4], reps=200)
+    r = t.rows
+    assert r["random"][4] == pytest.approx((1 / 4 + 2 / 4 + 0) / 3)
+    assert r["random"][1] == pytest.approx(0.0)
+    assert r["swift_score"][4] == pytest.approx(1 / 3)  # p0 only
+    assert r["rm"][4] == pytest.approx(1 / 3)  # p1 only
+    assert r["majority"][4] == pytest.approx(1 / 3)  # p1 only
+    assert r["oracle pass@k"] == {1: 0.0, 2: pytest.approx(2 / 3), 4: pytest.approx(2 / 3)}
+    # rank combination p0: swift ranks [3,0,2,1], rm ranks [2,3,1,0] -> max [3,3,2,1] -> c3 (wrong)
+    # p1: swift [0,3,2,1], rm [3,2,0,1] -> max [3,3,2,1] -> c3 (wrong)
+    assert r["swift_score+rm rank"][4] == 0.0
+    lo, hi = t.ci["oracle pass@k"][4]
+    assert 0.0 <= lo <= 2 / 3 <= hi <= 1.0
+
+
+def test_bootstrap_ci_contains_the_mean_and_narrows_with_n():
+    x = torch.tensor([1.0, 0.0] * 50)
+    lo, hi = report.bootstrap_ci(x, seed=1)
+    assert lo < 0.5 < hi and hi - lo < 0.25
+    lo2, hi2 = report.bootstrap_ci(torch.tensor([1.0, 0.0] * 500), seed=1)
+    assert hi2 - lo2 < hi - lo
+    assert report.bootstrap_ci(torch.ones(10)) == (1.0, 1.0)
+
+
+def test_eval_cli_prints_table_and_writes_plot(tmp_path, capsys):
+    f = tmp_path / "r.jsonl"
+    write_rollouts(f, _problems())
+    png, js = tmp_path / "p.png", tmp_path / "s.json"
+    assert main(["eval", str(f), "--external", "rm", "--plot", str(png), "--json", str(js), "--bootstrap", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "majority" in out and "swift_score+rm scaled" in out and "oracle pass@k" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads(js.read_text())
+    assert summary["accuracy"]["swift_score"]["4"] == pytest.approx(1 / 3)
+
+
+def test_eval_errors_name_file_and_line(tmp_path, capsys):
+    f = tmp_path / "bad.jsonl"
+    good = json.dumps(_problems()[0].to_json())
+    f.write_text(good + "\n{not json\n" + good.replace('"p0"', '"p9"') + "\n")
+    assert main(["eval", str(f), "--plot", "none"]) == 2
+    assert f"{f}:2: invalid JSON" in capsys.readouterr().err
+    assert main(["eval", str(f), "--plot", "none", "--skip-bad", "--bootstrap", "50"]) == 0
+    assert "skipped 1 malformed lines" in capsys.readouterr().err
+
+
+def test_missing_correctness_and_scores_are_explained(tmp_path):
+    ps = _problems()
+    del ps[1].candidates[2]["correct"]
+    with pytest.raises(DataError, match="--grade"):
+        report.gather(ps, ["swift_score"], where="f.jsonl")
+    with pytest.raises(DataError, match="no candidate has a score column 'nope'"):
+        report.gather(_problems(), ["nope"])
+
+
+def test_rollout_writer_resumes_after_a_torn_line(tmp_path):
+    f = tmp_path / "r.jsonl"
+    with RolloutWriter(f) as w:
+        for p in _problems()[:2]:
+            w.write(p)
+    with open(f, "a") as fh:
+        fh.write('{"id": "p2", "candi')  # killed mid-write
+    assert done_ids(f) == {"p0", "p1"}
+    with RolloutWriter(f) as w:
+        assert w.done == {"p0", "p1"}
+        w.write(_problems()[2])
+    assert [p.id for p in read_rollouts(f)] == ["p0", "p1", "p2"]
+
+
+def test_nan_scores_are_written_as_null(tmp_path):
+    ps = _problems()
+    ps[0].candidates[0]["swift_score"] = float("nan")
+    write_rollouts(tmp_path / "r.jsonl", ps)
+    assert read_rollouts(tmp_path / "r.jsonl")[0].candidates[0]["swift_score"] is None
+
+
+def test_help_lists_every_subcommand():
+    out = subprocess.run([sys.executable, "-m", "swift_fast.cli", "--help"], capture_output=True, text=True, check=True).stdout
+    for cmd in ("score", "eval", "train", "collect", "bon", "serve", "demo"):
+        assert f"    {cmd}" in out

@@ -1,0 +1,133 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from swift_fast import HeadError, SwiftHead, resolve_layers
+from swift_fast.head import FORMAT
+
+
+class _Cfg:
+    """Stands in for a Hugging Face config: only the attributes a fingerprint reads."""
+
+    def __init__(self, hidden=64, layers=4, vocab=100, arch="LlamaForCausalLM", name="org/model"):
+        self.hidden_size, self.num_hidden_layers, self.vocab_size = hidden, layers, vocab
+        self.architectures = [arch]
+        self.name_or_path = name
+
+
+def test_shapes_with_and_without_gate():
+    h = SwiftHead(8, [0, 2, 4])
+    assert h.weight.shape == (2, 24) and h.bias.shape == (2,)
+    h = SwiftHead(8, [1], gate=False)
+    assert h.weight.shape == (1, 8) and h.bias.shape == (1,)
+
+
+def test_layer_weight_is_a_view_of_the_right_columns():
+    h = SwiftHead(3, [5, 1])
+    with torch.no_grad():
+        h.weight.copy_(torch.arange(12.0).view(2, 6))
+    assert h.layer_weight(0).tolist() == [[0, 1, 2], [6, 7, 8]]
+    assert h.layer_weight(1).tolist() == [[3, 4, 5], [9, 10, 11]]
+
+
+def test_save_load_roundtrip(tmp_path):
+    h = SwiftHead(16, [0, 3, 4], gate=True, alignment="emitted")
+    h.bind_model(_Cfg(hidden=16, layers=4), name="org/model")
+    h.provenance = {"loss": "dpo", "best_epoch": 3, "val": {"acc": 0.8}}
+    p = tmp_path / "h.safetensors"
+    h.save(p)
+    g = SwiftHead.load(p)
+    assert torch.equal(g.weight, h.weight) and torch.equal(g.bias, h.bias)
+    assert (g.layers, g.gate, g.alignment, g.feature) == ([0, 3, 4], True, "emitted", "hidden")
+    assert g.model_name == "org/model"
+    assert g.model_fingerprint == {"architecture": "LlamaForCausalLM", "hidden_size": 16, "num_layers": 4, "vocab_size": 100}
+    assert g.provenance["best_epoch"] == 3
+
+
+def test_file_metadata_is_the_documented_format(tmp_path):
+    from safetensors import safe_open
+
+    h = SwiftHead(4, [1, 2], gate=False)
+    h.save(tmp_path / "h.safetensors")
+    with safe_open(str(tmp_path / "h.safetensors"), "pt") as f:
+        meta = f.metadata()
+        assert f.get_tensor("weight").dtype == torch.float32
+    assert meta["format"] == "swift_fast.head/1"
+    assert json.loads(meta["layers"]) == [1, 2] and meta["gate"] == "false"
+    assert meta["feature"] == "hidden" and meta["alignment"] == "predicting" and meta["hidden_size"] == "4"
+
+
+def test_logit_head():
+    h = SwiftHead(100, feature="logits")
+    assert h.layers == [-1] and h.weight.shape == (2, 100)
+    h.check_model(_Cfg(vocab=100))
+    with pytest.raises(HeadError, match="vocabulary size 50"):
+        h.check_model(_Cfg(vocab=50))
+
+
+def test_wrong_model_names_both(tmp_path):
+    h = SwiftHead(64, [0, 4]).bind_model(_Cfg(hidden=64, layers=4), name="org/small")
+    with pytest.raises(HeadError) as e:
+        h.check_model(_Cfg(hidden=128, layers=4, name="org/big"))
+    msg = str(e.value)
+    assert "org/big" in msg and "org/small" in msg and "hidden size 64 != model hidden size 128" in msg
+    with pytest.raises(HeadError, match=r"layers \[4\] do not exist"):
+        SwiftHead(64, [0, 4]).check_model(_Cfg(hidden=64, layers=3))
+    with pytest.raises(HeadError, match="architecture"):
+        h.check_model(_Cfg(hidden=64, layers=4, arch="Qwen2ForCausalLM"))
+    h.check_model(_Cfg(hidden=64, layers=4))
+
+
+def test_corrupt_and_foreign_files(tmp_path):
+    p = tmp_path / "bad.safetensors"
+    p.write_bytes(b"\x00\x01not a safetensors file")
+    with pytest.raises(HeadError, match="not a readable safetensors"):
+        SwiftHead.load(p)
+    with pytest.raises(HeadError, match="no head file"):
+        SwiftHead.load(tmp_path / "missing.safetensors")
+    q = tmp_path / "foreign.safetensors"
+    save_file({"weight": torch.zeros(2, 4)}, str(q), metadata={"format": "pt"})
+    with pytest.raises(HeadError, match="not a swift-fast head"):
+        SwiftHead.load(q)
+    r = tmp_path / "future.safetensors"
+    save_file({"weight": torch.zeros(2, 4), "bias": torch.zeros(2)}, str(r), metadata={"format": "swift_fast.head/9"})
+    with pytest.raises(HeadError, match="upgrade swift-fast"):
+        SwiftHead.load(r)
+
+
+def test_shape_metadata_mismatch_and_nan(tmp_path):
+    h = SwiftHead(4, [0, 1])
+    meta = h.metadata()
+    p = tmp_path / "m.safetensors"
+    save_file({"weight": torch.zeros(2, 12), "bias": torch.zeros(2)}, str(p), metadata=meta)
+    with pytest.raises(HeadError, match="do not match its metadata"):
+        SwiftHead.load(p)
+    save_file({"weight": torch.full((2, 8), float("nan")), "bias": torch.zeros(2)}, str(p), metadata=meta)
+    with pytest.raises(HeadError, match="NaN"):
+        SwiftHead.load(p)
+    bad = dict(meta, layers="[0, oops")
+    save_file({"weight": torch.zeros(2, 8), "bias": torch.zeros(2)}, str(p), metadata=bad)
+    with pytest.raises(HeadError, match="malformed head metadata"):
+        SwiftHead.load(p)
+    assert meta["format"] == FORMAT
+
+
+def test_constructor_errors():
+    with pytest.raises(HeadError, match="alignment"):
+        SwiftHead(4, [0], alignment="last")
+    with pytest.raises(HeadError, match="repeats"):
+        SwiftHead(4, [0, 0])
+    with pytest.raises(HeadError, match="non-empty"):
+        SwiftHead(4, [])
+
+
+def test_resolve_layers():
+    assert resolve_layers("all", 4) == [0, 1, 2, 3, 4]
+    assert resolve_layers("last4", 4) == [1, 2, 3, 4]
+    assert resolve_layers("0,2, 4", 4) == [0, 2, 4]
+    assert resolve_layers([-1, 0], 4) == [4, 0]
+    for bad, msg in [("last9", "0..4"), ("5", "out of range"), ("x,y", "comma-separated"), ("lastx", "lastN")]:
+        with pytest.raises(HeadError, match=msg):
+            resolve_layers(bad, 4)
