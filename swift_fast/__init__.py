@@ -33,9 +33,16 @@ _EXPORTS = {
     "combine_scaled": "bon",
     # grading and data
     "grade": "grading",
+    "grade_many": "grading",
+    "judge_many": "grading",
     "extract_answer": "grading",
+    "extract_many": "grading",
+    "Judgement": "grading",
     "load_dataset": "datasets",
+    "Example": "datasets",
     "DataError": "datasets",
+    "render_prompt": "templates",
+    "TEMPLATES": "templates",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

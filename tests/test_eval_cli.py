@@ -111,3 +111,16 @@ def test_help_lists_every_subcommand():
     out = subprocess.run([sys.executable, "-m", "swift_fast.cli", "--help"], capture_output=True, text=True, check=True).stdout
     for cmd in ("score", "eval", "train", "collect", "bon", "serve", "demo"):
         assert f"    {cmd}" in out
+
+
+def test_eval_grade_fills_answers_and_correctness(tmp_path, capsys):
+    texts = ["so \\boxed{6/5}", "it is \\boxed{1.2}", "\\boxed{7}", "no idea"]
+    cands = [{"token_ids": [1], "text": t, "s": float(i)} for i, t in enumerate(texts)]
+    f = tmp_path / "r.jsonl"
+    write_rollouts(f, [Problem(id="q", candidates=cands, reference="\\frac{6}{5}", kind="math")])
+    js = tmp_path / "s.json"
+    assert main(["eval", str(f), "--grade", "--score", "s", "--plot", "none", "--json", str(js), "--bootstrap", "20"]) == 0
+    acc = json.loads(js.read_text())["accuracy"]
+    assert acc["oracle pass@k"] == {"1": 1.0, "2": 1.0, "4": 1.0}
+    assert acc["s"]["4"] == 0.0 and acc["s"]["2"] == 1.0  # highest score: "no idea", then "1.2"
+    assert acc["majority"]["4"] == 1.0  # 6/5 and 1.2 share one answer key

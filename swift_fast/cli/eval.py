@@ -44,24 +44,19 @@ def add_parser(sub, name, help_):
     return p
 
 
-def regrade(problems, progress: bool = True) -> None:
-    """Fill each candidate's ``answer`` and ``correct`` from its text and the problem's reference."""
-    from ..grading import extract_answer, grade_many
+def regrade(problems) -> dict:
+    """Fill each candidate's ``answer`` and ``correct`` from its text and the problem's reference,
+    in one batch (math answers are parsed once, in worker processes with a deadline each)."""
+    from ..grading import judge_many
 
-    for p in _progress(problems, "grading", progress):
-        texts = [c.get("text", "") for c in p.candidates]
-        verdicts = grade_many(texts, [p.reference] * len(texts), p.kind)
-        for c, t, ok in zip(p.candidates, texts, verdicts):
-            c["answer"] = extract_answer(t, p.kind)
-            c["correct"] = bool(ok)
-
-
-def _progress(it, desc, enabled):
-    if not enabled:
-        return it
-    from tqdm.auto import tqdm
-
-    return tqdm(it, desc=desc, unit="problem", file=sys.stderr)
+    cands = [(p, c) for p in problems for c in p.candidates]
+    stats: dict = {}
+    verdicts = judge_many(
+        [c.get("text", "") for _, c in cands], [p.reference for p, _ in cands], [p.kind for p, _ in cands], stats=stats
+    )
+    for (_, c), j in zip(cands, verdicts):
+        c["answer"], c["correct"] = j.answer, bool(j.correct)
+    return stats
 
 
 def run(args) -> int:
