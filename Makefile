@@ -19,7 +19,7 @@ $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel "setuptools>=69"
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[cpu,test]"
+	$(PIP) install -q --no-build-isolation -e ".[cpu,test]"
 	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 

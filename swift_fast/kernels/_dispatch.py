@@ -2,7 +2,8 @@
 
 ``backend``:
     ``"auto"``   Triton for CUDA tensors; on the CPU the native kernel where it is built and
-                 measurably beats the torch reference for that op (``NATIVE_OPS``), else torch.
+                 measurably beats the torch reference for that op and dtype (``NATIVE_PAYS``),
+                 else torch.
     ``"torch"``  the pure-torch reference.
     ``"triton"`` the Triton kernel; on CPU tensors it needs ``TRITON_INTERPRET=1`` set before
                  ``triton`` is first imported (tests do this).
@@ -32,9 +33,23 @@ try:
 except ImportError:  # not built: pure torch on the CPU
     _native = None
 
-#: Ops whose native CPU kernel beat the torch reference on the 2-core CI machine (see
-#: ``bench/RESULTS.md``); ``auto`` uses native only for these.
-NATIVE_OPS = frozenset()
+_F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
+#: Where the native CPU kernel beat the torch reference by 1.1x or more on the 2-core CI machine
+#: (single thread, min of 15 runs; ``bench/RESULTS.md``): ``auto`` uses native only there.
+#: ``finish_`` has no native kernel (a few hundred flops a step: nothing to gain).
+NATIVE_PAYS = {
+    "swift_reduce": {_BF16, _F16},  # float32: 1.0-1.2x, within noise: torch
+    "project_layer": {_F32, _BF16, _F16},  # except float16 (hidden, residual) pairs: 0.8x
+    "token_logprobs": {_F32, _BF16, _F16},
+    "sar_from_logits": {_F32, _BF16, _F16},
+}
+
+
+def native_pays(op: str, dtype: torch.dtype, paired: bool = False) -> bool:
+    """Whether ``auto`` should take the native kernel for ``op`` on inputs of ``dtype``."""
+    if op == "project_layer" and dtype == _F16 and paired:
+        return False
+    return dtype in NATIVE_PAYS.get(op, ())
 
 
 def interpreting() -> bool:
@@ -47,14 +62,17 @@ def native_module():
     return _native
 
 
-def resolve(backend: str, device: torch.device, op: str) -> str:
-    """The backend that runs ``op`` for tensors on ``device``: ``"torch"``, ``"triton"`` or ``"native"``."""
+def resolve(backend: str, device: torch.device, op: str, dtype: torch.dtype = None, paired: bool = False) -> str:
+    """The backend that runs ``op`` for tensors on ``device``: ``"torch"``, ``"triton"`` or ``"native"``.
+
+    ``dtype``/``paired`` (inputs' dtype, (hidden, residual) pairs) refine ``auto`` on the CPU.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
     if backend == "auto":
         if device.type == "cuda":
             return "triton" if HAVE_TRITON else "torch"
-        if device.type == "cpu" and _native is not None and op in NATIVE_OPS:
+        if device.type == "cpu" and _native is not None and native_pays(op, dtype, paired):
             return "native"
         return "torch"
     if backend == "triton":

@@ -38,7 +38,8 @@ from typing import Optional
 
 import torch
 
-from ._dispatch import HAVE_TRITON, native_module, tl, triton
+from ._dispatch import HAVE_TRITON, native_module, resolve, tl, triton
+from .swift_reduce import finish_scores, native_fits, project_triton
 
 __all__ = [
     "project_layer_",
@@ -158,6 +159,8 @@ if HAVE_TRITON:
 
 
 FINISH_BLOCK_S, FINISH_BLOCK_T = 16, 256
+#: (block_t, block_d) of ``project_layer_`` for >= 8192, >= 2048 and fewer tokens.
+PROJECT_TILES = ((16, 256), (4, 1024), (1, 4096))
 
 
 _cpu_backend = "auto"
@@ -168,27 +171,29 @@ def set_cpu_backend(backend: str) -> str:
     ``"torch"``, ``"native"`` or ``"triton"`` (the interpreter; tests). Returns the previous choice.
     CUDA tensors always take the Triton kernels (torch when Triton is missing)."""
     global _cpu_backend
-    from ._dispatch import resolve
-
     if backend != "auto":
         resolve(backend, torch.device("cpu"), "streaming")  # clear error when unavailable
     prev, _cpu_backend = _cpu_backend, backend
     return prev
 
 
-def _which(t: torch.Tensor, op: str) -> str:
+def _which(t: torch.Tensor, op: str, dtype=None, paired: bool = False) -> str:
     if t.device.type == "cuda":
         return "triton" if HAVE_TRITON else "torch"
     if _cpu_backend == "auto":
-        return "native" if _native_or_none(op) is not None else "torch"
+        return resolve("auto", t.device, op, dtype, paired)
+    if _cpu_backend == "native" and getattr(native_module(), op, None) is None:
+        return "torch"  # finish_ has no native kernel: it is a few hundred flops
     return _cpu_backend
 
 
 def _project_layer_triton(acc, hidden, residual, weight_l) -> None:
-    from .swift_reduce import project_triton
-
-    w = weight_l.to(torch.float32).contiguous()
-    project_triton([(hidden, residual)], w, acc, accumulate=True, block_t=16 if hidden.shape[0] >= 4096 else 4)
+    w = weight_l if weight_l.dtype == torch.float32 and weight_l.stride(-1) == 1 else weight_l.float().contiguous()
+    t = hidden.shape[0]
+    # few tokens (decode): one token a program, so a step still spreads over the SMs, with
+    # tiles as wide as the large-T ones (16-byte loads for every thread)
+    block_t, block_d = PROJECT_TILES[0 if t >= 8192 else (1 if t >= 2048 else 2)]
+    project_triton([(hidden, residual)], w, acc, accumulate=True, block_t=block_t, block_d=block_d)
 
 
 def _finish_triton(acc, bias, slots, state) -> None:
@@ -202,41 +207,31 @@ def _finish_triton(acc, bias, slots, state) -> None:
     acc[:t].zero_()
 
 
-def _native_or_none(name: str):
-    nat = native_module()
-    from ._dispatch import NATIVE_OPS
-
-    if nat is not None and name in NATIVE_OPS:
-        return getattr(nat, name, None)
-    return None
-
-
 # ----------------------------------------------------------------------------------------------
 # custom ops
+#
+# NOTE: registered with ``torch.library.Library`` (CPU and CUDA kernels, a fake kernel for
+# tracing) rather than ``torch.library.custom_op``: the latter's Python wrapper costs ~40 us a
+# call on the CPU, paid once per layer per step; this costs ~5 us. The schemas mark the
+# mutated buffers, so torch.compile functionalizes the calls (auto_functionalize).
+
+_lib = torch.library.Library("swift_fast", "FRAGMENT")
+_lib.define("project_layer_(Tensor(a!) acc, Tensor hidden, Tensor? residual, Tensor weight_l) -> ()")
+_lib.define("finish_(Tensor(a!) acc, Tensor bias, Tensor slots, Tensor(b!) state) -> ()")
 
 
-@torch.library.custom_op("swift_fast::project_layer_", mutates_args=("acc",))
-def _project_layer_op(
-    acc: torch.Tensor, hidden: torch.Tensor, residual: Optional[torch.Tensor], weight_l: torch.Tensor
-) -> None:
+def _project_layer_impl(acc, hidden, residual, weight_l) -> None:
     _check_project(acc, hidden, residual, weight_l)
-    which = _which(acc, "project_layer")
+    which = _which(acc, "project_layer", hidden.dtype, residual is not None)
     if which == "triton":
         _project_layer_triton(acc, hidden, residual, weight_l)
-    elif which == "native":
+    elif which == "native" and native_fits(hidden, residual):
         native_module().project_layer(acc, hidden, residual, weight_l)
     else:
         project_layer_reference(acc, hidden, residual, weight_l)
 
 
-@_project_layer_op.register_fake
-def _(acc, hidden, residual, weight_l) -> None:
-    _check_project(acc, hidden, residual, weight_l)
-    return None
-
-
-@torch.library.custom_op("swift_fast::finish_", mutates_args=("acc", "state"))
-def _finish_op(acc: torch.Tensor, bias: torch.Tensor, slots: torch.Tensor, state: torch.Tensor) -> None:
+def _finish_impl(acc, bias, slots, state) -> None:
     _check_finish(acc, bias, slots, state)
     which = _which(acc, "finish")
     if which == "triton":
@@ -247,10 +242,19 @@ def _finish_op(acc: torch.Tensor, bias: torch.Tensor, slots: torch.Tensor, state
         finish_reference(acc, bias, slots, state)
 
 
-@_finish_op.register_fake
-def _(acc, bias, slots, state) -> None:
+for _key in ("CPU", "CUDA"):
+    _lib.impl("project_layer_", _project_layer_impl, _key)
+    _lib.impl("finish_", _finish_impl, _key)
+
+
+@torch.library.register_fake("swift_fast::project_layer_", lib=_lib)
+def _project_layer_fake(acc, hidden, residual, weight_l) -> None:
+    _check_project(acc, hidden, residual, weight_l)
+
+
+@torch.library.register_fake("swift_fast::finish_", lib=_lib)
+def _finish_fake(acc, bias, slots, state) -> None:
     _check_finish(acc, bias, slots, state)
-    return None
 
 
 def project_layer_(
@@ -275,6 +279,4 @@ def new_buffers(max_tokens: int, max_slots: int, device=None):
 
 def scores_from_state(state: torch.Tensor) -> torch.Tensor:
     """``[S]`` float32 score per slot: ``sum g r / max(sum g, 1e-8)`` (0 for a slot never scored)."""
-    from .swift_reduce import finish_scores
-
     return finish_scores(state[:, 0], state[:, 1])

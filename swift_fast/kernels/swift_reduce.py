@@ -12,9 +12,10 @@ NaN policy: a NaN (or inf making NaN) in a scored token's state makes that segme
 outputs NaN; other segments are unaffected, and tokens outside ``[cu[0], cu[-1])`` are never read.
 
 Triton path (CUDA, or the interpreter):
-  1. ``_project_kernel``: per block of tokens, loop over up to 4 layers and over ``d``, accumulate
-     the 1-2 dot products in float32 and write (or add to) ``z[T, rows]``. Each layer is read
-     exactly once; ``z`` costs 16 bytes a token per launch. Layers keep their own row stride.
+  1. ``_project_kernel``: per block of tokens, loop over up to 4 layers and over ``d`` (tiles
+     pipelined through shared memory), accumulate the 1-2 dot products in float32 and write (or
+     add to) ``z[T, rows]``. Each layer is read exactly once; ``z`` costs 16 bytes a token per
+     launch. Layers keep their own row stride.
   2. ``_segment_partials_kernel``: grid ``(B, SPLIT)``; program ``(b, s)`` sums ``g`` and ``g r``
      over the ``s``-th slice of segment ``b`` in a fixed order (varlen via ``cu_seqlens``,
      ``bos``/``eos``), so one huge segment is still spread over ``SPLIT`` programs.
@@ -176,16 +177,20 @@ def check_inputs(layers: Sequence[Layer], weight: torch.Tensor, bias: torch.Tens
 
 #: Layers one launch reads; each adds a (hidden, residual) pointer pair and two strides.
 LAYERS_PER_LAUNCH = 4
-#: Defaults, checked on the paper shape on the GPU (``bench/gpu_check.sh``).
-BLOCK_T, BLOCK_D, NUM_WARPS = 16, 256, 4
+#: Defaults (register use and load pipelining checked by compiling for sm_90; timings by the
+#: sweep in ``bench/gpu_check.sh``): 16 x 256 tiles, 8 warps, 3 tiles in flight, ~61 registers.
+BLOCK_T, BLOCK_D, NUM_WARPS, NUM_STAGES = 16, 256, 8, 3
 
 if HAVE_TRITON:
     from ._tl import round_to
 
     @triton.jit
     def _layer_dot(acc0, acc1, h_ptr, r_ptr, stride_h, stride_r, w_ptr, stride_w, rows64, mask_t, D,
-                   HAS_RES: tl.constexpr, ROUND: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-        for d0 in range(0, D, BLOCK_D):
+                   HAS_RES: tl.constexpr, ROUND: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                   NUM_STAGES: tl.constexpr):
+        # NOTE: tl.range with num_stages > 1 streams the tiles through shared memory (cp.async),
+        # keeping several tiles in flight per program: this kernel is pure bandwidth.
+        for d0 in tl.range(0, D, BLOCK_D, num_stages=NUM_STAGES):
             cols = d0 + tl.arange(0, BLOCK_D)
             mask_d = cols < D
             m = mask_t[:, None] & mask_d[None, :]
@@ -194,11 +199,12 @@ if HAVE_TRITON:
             if HAS_RES:
                 r = tl.load(r_ptr + rows64[:, None] * stride_r + cols[None, :], mask=m, other=0.0).to(tl.float32)
                 h = round_to(h + r, ROUND)
+            # per-tile sums keep the accumulators at BLOCK_T values (registers -> occupancy)
             w0 = tl.load(w_ptr + cols, mask=mask_d, other=0.0)
-            acc0 += h * w0[None, :]
+            acc0 += tl.sum(h * w0[None, :], axis=1)
             if ROWS == 2:
                 w1 = tl.load(w_ptr + stride_w + cols, mask=mask_d, other=0.0)
-                acc1 += h * w1[None, :]
+                acc1 += tl.sum(h * w1[None, :], axis=1)
         return acc0, acc1
 
     @triton.jit
@@ -206,31 +212,29 @@ if HAVE_TRITON:
         z_ptr, stride_z, w_ptr, stride_w, T, D,
         h0, r0, sh0, sr0, h1, r1, sh1, sr1, h2, r2, sh2, sr2, h3, r3, sh3, sr3,
         NUM_LAYERS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr, ROWS: tl.constexpr,
-        ACCUMULATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+        ACCUMULATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr,
     ):
         pid = tl.program_id(0)
         rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
         mask_t = rows < T
         rows64 = rows.to(tl.int64)  # NOTE: T * stride overflows int32 at a few million tokens
-        acc0 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        acc1 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-        acc0, acc1 = _layer_dot(acc0, acc1, h0, r0, sh0, sr0, w_ptr, stride_w, rows64, mask_t, D,
-                                HAS_RES, ROUND, ROWS, BLOCK_D)
+        z0 = tl.zeros([BLOCK_T], dtype=tl.float32)
+        z1 = tl.zeros([BLOCK_T], dtype=tl.float32)
+        z0, z1 = _layer_dot(z0, z1, h0, r0, sh0, sr0, w_ptr, stride_w, rows64, mask_t, D,
+                            HAS_RES, ROUND, ROWS, BLOCK_D, NUM_STAGES)
         if NUM_LAYERS > 1:
-            acc0, acc1 = _layer_dot(acc0, acc1, h1, r1, sh1, sr1, w_ptr + D, stride_w, rows64, mask_t, D,
-                                    HAS_RES, ROUND, ROWS, BLOCK_D)
+            z0, z1 = _layer_dot(z0, z1, h1, r1, sh1, sr1, w_ptr + D, stride_w, rows64, mask_t, D,
+                                HAS_RES, ROUND, ROWS, BLOCK_D, NUM_STAGES)
         if NUM_LAYERS > 2:
-            acc0, acc1 = _layer_dot(acc0, acc1, h2, r2, sh2, sr2, w_ptr + 2 * D, stride_w, rows64, mask_t, D,
-                                    HAS_RES, ROUND, ROWS, BLOCK_D)
+            z0, z1 = _layer_dot(z0, z1, h2, r2, sh2, sr2, w_ptr + 2 * D, stride_w, rows64, mask_t, D,
+                                HAS_RES, ROUND, ROWS, BLOCK_D, NUM_STAGES)
         if NUM_LAYERS > 3:
-            acc0, acc1 = _layer_dot(acc0, acc1, h3, r3, sh3, sr3, w_ptr + 3 * D, stride_w, rows64, mask_t, D,
-                                    HAS_RES, ROUND, ROWS, BLOCK_D)
-        z0 = tl.sum(acc0, axis=1)
+            z0, z1 = _layer_dot(z0, z1, h3, r3, sh3, sr3, w_ptr + 3 * D, stride_w, rows64, mask_t, D,
+                                HAS_RES, ROUND, ROWS, BLOCK_D, NUM_STAGES)
         if ACCUMULATE:
             z0 += tl.load(z_ptr + rows64 * stride_z, mask=mask_t, other=0.0)
         tl.store(z_ptr + rows64 * stride_z, z0, mask=mask_t)
         if ROWS == 2:
-            z1 = tl.sum(acc1, axis=1)
             if ACCUMULATE:
                 z1 += tl.load(z_ptr + rows64 * stride_z + 1, mask=mask_t, other=0.0)
             tl.store(z_ptr + rows64 * stride_z + 1, z1, mask=mask_t)
@@ -298,6 +302,7 @@ def project_triton(
     block_t: int = BLOCK_T,
     block_d: int = BLOCK_D,
     num_warps: int = NUM_WARPS,
+    num_stages: int = NUM_STAGES,
 ) -> None:
     """``z[:T, :rows] (+)= sum_l stream_l @ W_l^T`` with the Triton kernel, in place.
 
@@ -313,18 +318,18 @@ def project_triton(
     if t == 0:
         return
     grid = (triton.cdiv(t, block_t),)
+
+    def kind(p):
+        return p[0].dtype, None if p[1] is None else p[1].dtype
+
     i = 0
     first = True
     while i < len(pairs):
         h, r = pairs[i]
-        key = (h.dtype, None if r is None else r.dtype)
+        # one launch reads up to LAYERS_PER_LAUNCH consecutive layers of one kind
         group = [pairs[i]]
-        while (
-            len(group) < LAYERS_PER_LAUNCH
-            and i + len(group) < len(pairs)
-            and (pairs[i + len(group)][0].dtype, None if pairs[i + len(group)][1] is None else pairs[i + len(group)][1].dtype)
-            == key
-        ):
+        while (len(group) < LAYERS_PER_LAUNCH and i + len(group) < len(pairs)
+               and kind(pairs[i + len(group)]) == kind(pairs[i])):
             group.append(pairs[i + len(group)])
         args: List = []
         for j in range(LAYERS_PER_LAUNCH):
@@ -337,7 +342,8 @@ def project_triton(
         _project_kernel[grid](
             z, z.stride(0), weight[:, i * d :], weight.stride(0), t, d, *args,
             NUM_LAYERS=len(group), HAS_RES=has_res, ROUND=round_code(rdt), ROWS=rows,
-            ACCUMULATE=accumulate or not first, BLOCK_T=block_t, BLOCK_D=block_d, num_warps=num_warps,
+            ACCUMULATE=accumulate or not first, BLOCK_T=block_t, BLOCK_D=block_d, NUM_STAGES=num_stages,
+            num_warps=num_warps,
         )
         first = False
         i += len(group)
@@ -369,19 +375,30 @@ def segment_reduce_triton(z: torch.Tensor, bias: torch.Tensor, cu_seqlens: torch
 
 def swift_reduce_triton(layers, weight, bias, cu_seqlens, **config):
     pairs, t, d, rows = check_inputs(layers, weight, bias, cu_seqlens)
-    w = weight.to(torch.float32).contiguous()
-    bvec = bias.to(device=w.device, dtype=torch.float32).contiguous()
-    z = torch.zeros(max(t, 1), rows, dtype=torch.float32, device=w.device)
+    w = weight.detach().to(torch.float32).contiguous()
+    bvec = bias.detach().to(device=w.device, dtype=torch.float32).contiguous()
+    # the first launch writes z, the next ones add to it
+    z = torch.empty(t, rows, dtype=torch.float32, device=w.device) if t else torch.zeros(1, rows, device=w.device)
     project_triton(pairs, w, z, accumulate=False, **config)
     return segment_reduce_triton(z, bvec, cu_seqlens, rows == 2)
 
 
+def native_fits(hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
+    """The native kernels take unit column stride and a residual of the hidden dtype."""
+    return hidden.stride(-1) == 1 and (
+        residual is None or (residual.dtype == hidden.dtype and residual.stride(-1) == 1)
+    )
+
+
 def swift_reduce_native(layers, weight, bias, cu_seqlens):
     pairs, t, d, rows = check_inputs(layers, weight, bias, cu_seqlens)
-    nat = native_module()
-    hs = [p[0] for p in pairs]
-    rs = [p[1] for p in pairs]
-    return tuple(nat.swift_reduce(hs, rs, weight.float().contiguous(), bias.float().contiguous(), cu_seqlens.long()))
+    if not all(native_fits(h, r) for h, r in pairs):
+        return swift_reduce_reference(layers, weight, bias, cu_seqlens)
+    out = native_module().swift_reduce(
+        [p[0] for p in pairs], [p[1] for p in pairs], weight.detach().float().contiguous(),
+        bias.detach().float().contiguous(), cu_seqlens.long().contiguous(),
+    )
+    return tuple(out)
 
 
 def swift_reduce(
@@ -398,8 +415,9 @@ def swift_reduce(
     """
     if len(layers) == 0:
         raise ValueError("swift_reduce needs at least one layer")
-    device = _pair(layers[0])[0].device
-    which = resolve(backend, device, "swift_reduce")
+    first = _pair(layers[0])[0]
+    paired = any(_pair(layer)[1] is not None for layer in layers)
+    which = resolve(backend, first.device, "swift_reduce", first.dtype, paired)
     if which == "triton":
         return swift_reduce_triton(layers, weight, bias, cu_seqlens)
     if which == "native":

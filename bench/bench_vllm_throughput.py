@@ -1,0 +1,169 @@
+"""Generation throughput of vLLM with the swift-fast plugin off and on: same run, model, prompts.
+
+Two engines over the same local model live side by side in this process (one with a SWIFT head
+over every hidden state, one without); timed rounds alternate between them so that load from
+other processes on the machine falls on both alike. Each round generates ``--tokens`` new tokens
+for each of ``--batch`` prompts (``ignore_eos``), and the report gives output tokens/s per engine
+(median over rounds), the ratio of the medians on/off, and the median and range of the
+per-round ratios (each round times both engines back to back). On a machine shared with other
+jobs wall time is noisy; the model worker's CPU time per generated token (user + system, read
+in the worker process) is reported beside it and is far steadier. ``--sar`` adds a third engine that also computes SAR
+(its question-removed pass is extra work by design, reported apart from the ratio).
+
+The model is a random-weight Llama built locally (``swift_fast.testing``), size set by
+``--hidden``/``--layers``; its parameter count is printed. vLLM's default settings apply
+(torch.compile on; ``--eager`` turns it off).
+
+    python bench/bench_vllm_throughput.py                     # ~100M-parameter Llama, CPU
+    python bench/bench_vllm_throughput.py --hidden 512 --layers 8 --rounds 3 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+# the worker's CPU time is read by shipping a function to it (LLM.collective_rpc)
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+import statistics
+import sys
+import tempfile
+import time
+
+
+def build(args, root: str) -> tuple[str, str, int]:
+    import torch
+    from transformers import AutoConfig
+
+    from swift_fast.head import SwiftHead
+    from swift_fast.testing import build_tiny_model
+
+    path = build_tiny_model("llama", os.path.join(root, f"llama-{args.hidden}x{args.layers}"), num_layers=args.layers,
+                            hidden_size=args.hidden, intermediate_size=args.hidden * 4, num_key_value_heads=2)
+    cfg = AutoConfig.from_pretrained(path)
+    torch.manual_seed(0)
+    head = SwiftHead(cfg.hidden_size, layers=list(range(cfg.num_hidden_layers + 1)))
+    head.bind_model(cfg, name=path)
+    hp = os.path.join(root, "head.safetensors")
+    head.save(hp)
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        params = sum(_prod(f.get_slice(k).get_shape()) for k in f.keys())
+    return path, hp, params
+
+
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def engine(args, path: str, config: dict | None):
+    from vllm import LLM
+
+    kw = dict(model=path, dtype=args.dtype, seed=0, max_model_len=args.prompt_len + args.tokens + 64,
+              max_num_seqs=args.batch, enforce_eager=args.eager,
+              kv_cache_memory_bytes=args.kv_gib * 2**30)
+    if config is not None:
+        kw["additional_config"] = {"swift_fast": config}
+    return LLM(**kw)
+
+
+def worker_cpu(llm) -> float:
+    from swift_fast.vllm_plugin.runner import plugin_state
+
+    return sum(w["cpu_seconds"] for w in llm.collective_rpc(plugin_state))
+
+
+def timed_round(llm, prompts, args) -> tuple[float, float, int]:
+    """(wall seconds, worker CPU seconds, new tokens) of one round."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=1.0, max_tokens=args.tokens, ignore_eos=True)
+    c = worker_cpu(llm)
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    dt = time.perf_counter() - t
+    return dt, worker_cpu(llm) - c, sum(len(c.token_ids) for o in outs for c in o.outputs)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--batch", type=int, default=16, help="prompts per round")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--tokens", type=int, default=64, help="new tokens per prompt")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds per engine (after one warm-up)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--eager", action="store_true", help="enforce_eager (no torch.compile)")
+    p.add_argument("--sar", action="store_true", help="also time an engine with SAR on")
+    p.add_argument("--kv-gib", type=float, default=1.0, help="KV cache per engine, GiB")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--root", help="where to build the model (default: a temporary folder)")
+    args = p.parse_args(argv)
+
+    import random
+
+    root = args.root or tempfile.mkdtemp(prefix="swift-fast-bench-")
+    path, hp, params = build(args, root)
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(path).vocab_size
+    rng = random.Random(0)
+    prompts = [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(args.prompt_len)]} for _ in range(args.batch)]
+
+    variants = {"off": None, "swift": {"head": hp}}
+    if args.sar:
+        variants["swift+sar"] = {"head": hp, "sar": True}
+    engines = {}
+    for name, cfg in variants.items():
+        t = time.perf_counter()
+        engines[name] = engine(args, path, cfg)
+        print(f"[{name}] engine up in {time.perf_counter() - t:.1f}s", flush=True)
+    for name, llm in engines.items():
+        timed_round(llm, prompts, args)  # warm-up
+    times: dict[str, list[float]] = {n: [] for n in engines}
+    cpu: dict[str, list[float]] = {n: [] for n in engines}
+    for r in range(args.rounds):
+        order = list(engines) if r % 2 == 0 else list(reversed(engines))
+        for name in order:
+            dt, cs, ntok = timed_round(engines[name], prompts, args)
+            times[name].append(ntok / dt)
+            cpu[name].append(1e3 * cs / ntok)
+            print(f"round {r} {name:10s} {ntok / dt:9.1f} tok/s  {1e3 * cs / ntok:7.2f} worker CPU ms/token", flush=True)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    ratio = med["swift"] / med["off"]
+    # each round times both engines back to back: the per-round ratio cancels slow drifts in load
+    paired = sorted(a / b for a, b in zip(times["swift"], times["off"]))
+    import torch
+
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} CPUs, torch {torch.__version__}" + (", CUDA" if torch.cuda.is_available() else ""),
+        "model": f"random Llama, hidden {args.hidden}, {args.layers} layers, {params / 1e6:.1f}M parameters, {args.dtype}",
+        "head": f"all {args.layers + 1} hidden states, gated",
+        "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.tokens,
+        "compile": not args.eager, "rounds": args.rounds,
+        "tokens_per_s": times, "median_tokens_per_s": med,
+        "swift_over_off": ratio, "slowdown_percent": 100 * (1 - ratio),
+        "paired_ratio_median": statistics.median(paired), "paired_ratio_range": [paired[0], paired[-1]],
+        "worker_cpu_ms_per_token": cpu, "median_worker_cpu_ms_per_token": {n: statistics.median(v) for n, v in cpu.items()},
+        "worker_cpu_swift_over_off": statistics.median(cpu["swift"]) / statistics.median(cpu["off"]),
+    }
+    print(json.dumps({k: v for k, v in result.items() if k not in ("tokens_per_s", "worker_cpu_ms_per_token")}, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    for llm in engines.values():
+        core = getattr(llm.llm_engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

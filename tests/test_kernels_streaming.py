@@ -1,0 +1,250 @@
+"""Streaming SWIFT custom ops: ``project_layer_`` and ``finish_`` (CPU, interpreter, CUDA)."""
+
+import math
+
+import pytest
+import torch
+
+from swift_fast.kernels import streaming as st
+from swift_fast.kernels._dispatch import HAVE_TRITON, interpreting, native_module
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: numpy inf/NaN
+CUDA = torch.cuda.is_available()
+
+
+def _backends():
+    out = ["torch"]
+    if HAVE_TRITON and interpreting():
+        out.append("triton")
+    if native_module() is not None:
+        out.append("native")
+    return out
+
+
+@pytest.fixture(params=_backends())
+def cpu_backend(request):
+    prev = st.set_cpu_backend(request.param)
+    yield request.param
+    st.set_cpu_backend(prev)
+
+
+def _hand_state(layers, weight, bias, slots, n_slots):
+    """Float64 state by explicit loops over tokens, layers and features (SWIFT Eq. 2-4)."""
+    rows = weight.shape[0]
+    t_count, d = layers[0][0].shape
+    state = [[0.0, 0.0, 0.0] for _ in range(n_slots)]
+    for t in range(t_count):
+        s = int(slots[t])
+        if not 0 <= s < n_slots:
+            continue
+        z = [float(bias[j]) for j in range(rows)]
+        for li, (h, r) in enumerate(layers):
+            # the residual stream is the pair's sum in the input dtype, as the engine stores it
+            x = h[t] if r is None else (h[t] + r[t])
+            x = x.double().tolist()
+            for j in range(rows):
+                z[j] += sum(x[i] * float(weight[j, li * d + i]) for i in range(d))
+        if rows == 2:
+            g, rew = 1.0 / (1.0 + math.exp(-z[0])), z[1]
+        else:
+            g, rew = 1.0, z[0]
+        state[s][0] += g * rew
+        state[s][1] += g
+        state[s][2] += 1.0
+    return torch.tensor(state, dtype=torch.float64)
+
+
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [2, 1])
+def test_reference_matches_hand_float64(dtype, rows):
+    g = torch.Generator().manual_seed(1)
+    t, d, k = 6, 9, 2
+    layers = [
+        (torch.randn(t, d, generator=g).to(dtype), torch.randn(t, d, generator=g).to(dtype)),
+        (torch.randn(t, d, generator=g).to(dtype), None),
+    ]
+    weight = torch.randn(rows, k * d, generator=g) * 0.3
+    bias = torch.randn(rows, generator=g)
+    slots = torch.tensor([2, 2, -1, 0, 5, 2])
+    acc, state = st.new_buffers(8, 4)
+    for li, (h, r) in enumerate(layers):
+        st.project_layer_reference(acc, h, r, weight[:, li * d : (li + 1) * d])
+    st.finish_reference(acc, bias, slots, state)
+    want = _hand_state(layers, weight, bias, slots, 4)
+    torch.testing.assert_close(state.double(), want, rtol=1e-5, atol=1e-5)
+    assert acc.abs().sum() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [2, 1])
+def test_ops_match_reference(cpu_backend, dtype, rows):
+    g = torch.Generator().manual_seed(2)
+    t, d, n_layers = 11, 37, 3
+    # strided: hidden states are column slices of a wider buffer (row stride 2*d + 3)
+    big = torch.randn(n_layers, t, 2 * d + 3, generator=g).to(dtype)
+    hs = [big[i, :, 3 : 3 + d] for i in range(n_layers)]
+    rs = [torch.randn(t, d, generator=g).to(dtype) if i != 1 else None for i in range(n_layers)]
+    weight = torch.randn(rows, n_layers * d, generator=g) * 0.2
+    bias = torch.randn(rows, generator=g)
+    # duplicates in a run (prefill chunk), a non-contiguous repeat, unscored and out-of-range slots
+    slots = torch.tensor([4, 4, 4, -1, 0, 1, 1, 4, 9, -1, 2], dtype=torch.int32)
+    ref_acc, ref_state = st.new_buffers(16, 6)
+    ref_state += torch.arange(18.0).view(6, 3)  # earlier steps already accumulated
+    acc, state = ref_acc.clone(), ref_state.clone()
+    for i in range(n_layers):
+        w_l = weight[:, i * d : (i + 1) * d]
+        st.project_layer_reference(ref_acc, hs[i], rs[i], w_l)
+        st.project_layer_(acc, hs[i], rs[i], w_l)
+    torch.testing.assert_close(acc, ref_acc, rtol=1e-5, atol=1e-4)
+    st.finish_reference(ref_acc, bias, slots, ref_state)
+    st.finish_(acc, bias, slots, state)
+    torch.testing.assert_close(state, ref_state, rtol=1e-5, atol=1e-4)
+    want = _hand_state(list(zip(hs, rs)), weight, bias, slots, 6) + torch.arange(18.0).view(6, 3).double()
+    torch.testing.assert_close(state.double(), want, rtol=TOL[dtype], atol=TOL[dtype])
+    assert acc.abs().sum() == 0
+    assert state[3].tolist() == [9.0, 10.0, 11.0] and state[5].tolist() == [15.0, 16.0, 17.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_pair_sum_rounds_like_the_engine(cpu_backend, dtype):
+    # every 16-bit pattern (normal, subnormal, inf, NaN) plus a residual of every magnitude:
+    # the projected stream must equal torch's add in that dtype, bit for bit
+    h = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    g = torch.Generator().manual_seed(8)
+    r = (torch.randn(65536, generator=g) * torch.logspace(-8, 5, 65536)).to(dtype)
+    if cpu_backend == "triton":  # the interpreter is slow: every 16th pattern
+        h, r = h[::16], r[::16]
+    acc = torch.zeros(h.numel(), 2)
+    if cpu_backend == "triton":
+        from swift_fast.kernels.swift_reduce import project_triton
+
+        project_triton([(h[:, None], r[:, None])], torch.ones(1, 1), acc, accumulate=True, block_t=4096, block_d=1)
+    else:
+        st.project_layer_(acc, h[:, None], r[:, None], torch.ones(1, 1))
+    want = (h + r).float()
+    same = (acc[:, 0] == want) | (torch.isnan(acc[:, 0]) & torch.isnan(want))
+    assert bool(same.all()), f"{int((~same).sum())} sums differ from torch's {dtype} add"
+
+
+def test_finish_nan_stays_in_its_slot(cpu_backend):
+    acc, state = st.new_buffers(6, 3)
+    acc[:4] = torch.tensor([[0.1, 1.0], [float("nan"), 2.0], [0.3, 3.0], [float("nan"), 0.0]])
+    st.finish_(acc, torch.zeros(2), torch.tensor([0, 1, 2, -1]), state)
+    assert torch.isnan(state[1, :2]).all() and state[1, 2] == 1
+    assert torch.isfinite(state[[0, 2]]).all()
+    assert torch.isfinite(acc).all() and acc.abs().sum() == 0
+
+
+def test_finish_is_bit_stable(cpu_backend):
+    g = torch.Generator().manual_seed(3)
+    acc0 = torch.randn(300, 2, generator=g) * 5
+    slots = torch.randint(-1, 7, (300,), generator=g)
+    runs = []
+    for _ in range(2):
+        acc, state = acc0.clone(), torch.zeros(7, 3)
+        st.finish_(acc, torch.tensor([0.5, -0.2]), slots, state)
+        runs.append(state)
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_bad_shapes_say_what_is_wrong():
+    acc, state = st.new_buffers(4, 2)
+    with pytest.raises(ValueError, match="do not fit acc"):
+        st.project_layer_(acc, torch.randn(5, 3), None, torch.randn(2, 3))
+    with pytest.raises(ValueError, match="weight_l"):
+        st.project_layer_(acc, torch.randn(2, 3), None, torch.randn(2, 4))
+    with pytest.raises(ValueError, match="state"):
+        st.finish_(acc, torch.zeros(2), torch.zeros(2, dtype=torch.long), torch.zeros(2, 2))
+
+
+class _Scorer(torch.nn.Module):
+    """A model stand-in: computes layers, projects each at once, finishes the step."""
+
+    def __init__(self, weight, bias, n_layers, d, max_tokens, max_slots):
+        super().__init__()
+        self.n_layers, self.d = n_layers, d
+        self.register_buffer("weight", weight)
+        self.register_buffer("bias", bias)
+        acc, state = st.new_buffers(max_tokens, max_slots)
+        self.register_buffer("acc", acc)
+        self.register_buffer("state", state)
+        self.mix = torch.nn.Linear(d, d)
+
+    def forward(self, x, slots):
+        residual = x
+        for i in range(self.n_layers):
+            hidden = torch.tanh(self.mix(x))
+            st.project_layer_(self.acc, hidden, residual, self.weight[:, i * self.d : (i + 1) * self.d])
+            x = hidden + residual
+            residual = x
+        st.finish_(self.acc, self.bias, slots, self.state)
+        return x
+
+
+def _steps(module, steps):
+    for x, slots in steps:
+        module(x, slots)
+    return module.state.clone()
+
+
+def test_custom_ops_under_torch_compile_cpu(cpu_backend):
+    if cpu_backend == "triton":
+        pytest.skip("compiled graph is backend-independent; one CPU backend is enough")
+    torch.manual_seed(4)
+    d, n_layers = 16, 3
+    weight, bias = torch.randn(2, n_layers * d) * 0.3, torch.randn(2)
+    steps = [(torch.randn(5, d), torch.tensor([0, 0, 1, -1, 2])) for _ in range(3)]
+    eager = _Scorer(weight, bias, n_layers, d, 8, 4)
+    compiled = _Scorer(weight, bias, n_layers, d, 8, 4)
+    compiled.load_state_dict(eager.state_dict())
+    want = _steps(eager, steps)
+    fn = torch.compile(compiled, fullgraph=True)
+    got = _steps(fn, steps)
+    assert want[:, 2].tolist() == [6.0, 3.0, 3.0, 0.0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert compiled.acc.abs().sum() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_matches_reference_and_graph_replay(dtype):
+    torch.manual_seed(5)
+    d, n_layers, t = 1000, 3, 37
+    weight, bias = (torch.randn(2, n_layers * d) * 0.05).cuda(), torch.randn(2).cuda()
+    hs = [torch.randn(t, d, device="cuda").to(dtype) for _ in range(n_layers)]
+    rs = [torch.randn(t, d, device="cuda").to(dtype) for _ in range(n_layers)]
+    slots = torch.tensor([3] * 20 + [-1] * 2 + [0] * 15, device="cuda", dtype=torch.int32)
+    acc, state = st.new_buffers(64, 8, device="cuda")
+    ref_acc, ref_state = acc.clone(), state.clone()
+
+    def step(a, s, project, finish):
+        for i in range(n_layers):
+            project(a, hs[i], rs[i], weight[:, i * d : (i + 1) * d])
+        finish(a, bias, slots, s)
+
+    step(ref_acc, ref_state, st.project_layer_reference, st.finish_reference)
+    step(acc, state, st.project_layer_, st.finish_)
+    torch.testing.assert_close(state, ref_state, rtol=1e-4, atol=1e-3)
+    # capture one step in a CUDA graph, replay it twice: state doubles
+    state.zero_()
+    graph_stream = torch.cuda.Stream()
+    graph_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(graph_stream):
+        step(acc, state, st.project_layer_, st.finish_)  # warm-up compiles the kernels
+    torch.cuda.current_stream().wait_stream(graph_stream)
+    torch.cuda.synchronize()
+    once = state.clone()
+    state.zero_()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step(acc, state, st.project_layer_, st.finish_)
+    state.zero_()
+    g.replay()
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(state, 2 * once, rtol=1e-6, atol=1e-6)
+    assert acc.abs().sum().item() == 0
