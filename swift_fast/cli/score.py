@@ -1,12 +1,111 @@
-"""`swift-fast score`."""
+"""`swift-fast score`: add SWIFT (and optionally SAR) scores to the candidates of a rollout file."""
 
 from __future__ import annotations
 
+import argparse
+import os
+import sys
+
+DESCRIPTION = """\
+Score every candidate of a rollout file with a SWIFT head, using a Hugging Face model: each
+layer's state is projected onto the head as the layer runs, so no hidden state is stored and
+peak memory is that of a plain forward. Candidates are read as token ids (`prompt_token_ids`
+plus each candidate's `token_ids`), never re-tokenised. With --sar, also the self-aligned reward
+(two passes: question kept, question removed with the system prompt kept).
+
+The output is the input with score columns added; it is written problem by problem, and a rerun
+skips problems already in the output (resumable).
+"""
+
+EXAMPLES = """\
+examples:
+  swift-fast score --model Qwen/Qwen2.5-7B-Instruct --head head.safetensors --rollouts test.jsonl --out scored.jsonl
+  swift-fast score --model M --head H --rollouts R --out S --sar --column swift
+"""
+
 
 def add_parser(sub, name, help_):
-    p = sub.add_parser(name, help=help_, description=help_)
+    p = sub.add_parser(
+        name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", required=True, help="Hugging Face model name or path (the model the head was trained on)")
+    p.add_argument("--head", required=True, help="SWIFT head file (.safetensors)")
+    p.add_argument("--rollouts", required=True, help="rollout JSONL with prompt_token_ids and candidates' token_ids")
+    p.add_argument("--out", required=True, help="output JSONL (appended to and resumed when it exists)")
+    p.add_argument("--column", default="swift_score", help="candidate field for the score (default: swift_score)")
+    p.add_argument("--sar", action="store_true", help="also compute the self-aligned reward into --sar-column")
+    p.add_argument("--sar-column", default="sar", help="candidate field for SAR (default: sar)")
+    p.add_argument("--system-prompt", help="system prompt of SAR's question-removed pass (default: SAR's)")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
+    p.add_argument("--chunk", type=int, default=32, help="problems scored between writes (default 32)")
+    p.add_argument("--dtype", default="auto", help="auto (checkpoint dtype on GPU, float32 on CPU), bfloat16, float16, float32")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--no-resume", action="store_true", help="overwrite --out instead of resuming it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
 def run(args) -> int:
-    raise SystemExit("swift-fast score is not available in this version")
+    from ..datasets import DataError
+    from ..head import HeadError, SwiftHead
+    from ..rollouts import RolloutWriter
+    from ..sar import DEFAULT_SYSTEM_PROMPT
+    from ..hf.features import UnsupportedModelError
+
+    if os.path.abspath(args.out) == os.path.abspath(args.rollouts):
+        print("error: --out must differ from --rollouts (the output is written while the input is read)", file=sys.stderr)
+        return 2
+    try:
+        head = SwiftHead.load(args.head)
+        from ..hf.loading import load_model
+        from ..hf.rollout_data import rollout_sequences
+        from ..hf.sar import sar_rewards
+        from ..hf.scoring import check_head, swift_scores
+
+        model, tokenizer = load_model(args.model, args.dtype, args.device)
+        check_head(model, head)
+        head.to(model.device)
+        seqs_all = rollout_sequences(args.rollouts)  # every line checked before any work
+        writer = RolloutWriter(args.out, resume=not args.no_resume)
+    except (DataError, HeadError, UnsupportedModelError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    todo = [i for i, p in enumerate(seqs_all.problems) if p.id not in writer.done]
+    bar = None
+    if not args.no_progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(seqs_all.problems), initial=len(seqs_all.problems) - len(todo), desc="score", unit="problem")
+    by_problem: dict[int, list[int]] = {}
+    for k, (pi, _) in enumerate(seqs_all.refs):
+        by_problem.setdefault(pi, []).append(k)
+    system = args.system_prompt if args.system_prompt is not None else DEFAULT_SYSTEM_PROMPT
+    try:
+        for a in range(0, len(todo), max(1, args.chunk)):
+            chunk = todo[a : a + args.chunk]
+            keys = [k for pi in chunk for k in by_problem.get(pi, [])]
+            seqs = [seqs_all.sequences[k] for k in keys]
+            plens = [seqs_all.prompt_lengths[k] for k in keys]
+            scores = swift_scores(model, head, seqs, plens, batch_size=args.batch_size) if keys else []
+            sar = None
+            if args.sar and keys:
+                sar = sar_rewards(
+                    model, tokenizer, [s[:p] for s, p in zip(seqs, plens)], [s[p:] for s, p in zip(seqs, plens)],
+                    system_prompt=system, batch_size=args.batch_size,
+                )
+            for j, k in enumerate(keys):
+                pi, ci = seqs_all.refs[k]
+                cand = seqs_all.problems[pi].candidates[ci]
+                cand[args.column] = float(scores[j])
+                if sar is not None:
+                    cand[args.sar_column] = float(sar[j])
+            for pi in chunk:
+                writer.write(seqs_all.problems[pi])
+            if bar is not None:
+                bar.update(len(chunk))
+    finally:
+        writer.close()
+        if bar is not None:
+            bar.close()
+    print(f"scored {len(todo)} problems into {args.out} (column {args.column!r}{', ' + repr(args.sar_column) if args.sar else ''})")
+    return 0

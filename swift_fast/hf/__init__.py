@@ -1,0 +1,65 @@
+"""Hugging Face transformers integration: exact features, offline and generate-time SWIFT
+scoring, rollout collection, head training and SAR (with TRL and VERL adapters).
+
+Supported models: Llama, Qwen2, Qwen3 and Mistral causal LMs (``...ForCausalLM``). Names load
+on first use, so ``import swift_fast.hf`` does not import transformers.
+
+=============================  ==================================================================
+``swift_scores``               offline SWIFT scores of token-id sequences, each layer projected
+                               as it is produced (``swift_fast.hf.scoring``)
+``GenerationScorer``           SWIFT scores of what ``model.generate`` returns, no second forward
+``generate_with_scores``       one-call form of the above
+``extract_features``           the exact states a head reads, packed over scored tokens
+``response_logprobs``          log P of response tokens without ``[T, V]`` logits
+``sar_rewards``                self-aligned reward: question-kept and question-removed passes
+``trl_sar_reward``             SAR as a TRL ``GRPOTrainer`` reward function
+``train_from_rollouts``        train a head on graded rollouts, features recomputed per batch
+``collect``                    sample, grade and write rollouts (vLLM or transformers)
+``load_model``                 model + tokenizer for the command line, architecture checked first
+=============================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "swift_scores": "scoring",
+    "check_head": "scoring",
+    "GenerationScorer": "generate",
+    "GenerationError": "generate",
+    "generate_with_scores": "generate",
+    "response_lengths": "generate",
+    "extract_features": "features",
+    "decoder_parts": "features",
+    "UnsupportedModelError": "features",
+    "SUPPORTED_MODEL_TYPES": "features",
+    "response_logprobs": "logprobs",
+    "sar_rewards": "sar",
+    "question_removed_prompt": "sar",
+    "trl_sar_reward": "adapters",
+    "verl_question_removed_batch": "adapters",
+    "verl_sar_reward": "adapters",
+    "verl_token_level": "adapters",
+    "train_from_rollouts": "train",
+    "HFFeatureSource": "train",
+    "rollout_sequences": "rollout_data",
+    "collect": "collect",
+    "CollectConfig": "collect",
+    "load_model": "loading",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'swift_fast.hf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,162 @@
+"""SAR as a reward in RL trainers: a TRL GRPO reward function and a hook for VERL.
+
+TRL (``GRPOTrainer``)
+    TRL calls each reward function with ``prompts``, ``completions``, ``completion_ids`` (the
+    generated token ids, end-of-turn included) and the dataset's columns, and passes no
+    log-probs, so the function runs both SAR passes itself with the policy model it closes over
+    (the same module object the trainer updates, so it always scores the current policy)::
+
+        from swift_fast.hf import trl_sar_reward
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[accuracy_reward, trl_sar_reward(model, tokenizer)],
+            reward_weights=[1.0, 0.2],          # R_VR + alpha * R_SA, alpha = 0.2 (SAR paper)
+            ...)
+
+    Prompts are tokenised as ``GRPOTrainer`` tokenises them (chat messages: chat template with
+    the generation prompt and ``chat_template_kwargs``; text: the tokenizer's default call), and
+    responses are ``completion_ids``: nothing is re-tokenised from decoded text.
+
+VERL (``RayPPOTrainer``)
+    VERL computes ``old_log_probs`` = log P(a | q) for every response token in
+    ``actor_rollout_wg.compute_log_prob(batch)``; SAR needs one more call of the same function on
+    the question-removed batch built here, then combines the two::
+
+        from swift_fast.hf.adapters import verl_question_removed_batch, verl_sar_reward, verl_token_level
+
+        # after: old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
+        q0 = verl_question_removed_batch(batch.batch["responses"], batch.batch["response_mask"], tokenizer)
+        q0_out = self.actor_rollout_wg.compute_log_prob(DataProto.from_dict(tensors=q0, meta_info=batch.meta_info))
+        r_sa = verl_sar_reward(old_log_prob.batch["old_log_probs"], q0_out.batch["old_log_probs"],
+                               batch.batch["response_mask"])
+        batch.batch["token_level_scores"] += 0.2 * verl_token_level(r_sa, batch.batch["response_mask"])
+
+    VERL's ``compute_log_prob`` divides logits by ``meta_info["temperature"]``; SAR is defined on
+    the model's distribution, so set it to 1.0 for both calls unless you sample at another
+    temperature on purpose (the SAR paper samples at 1.0).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..sar import DEFAULT_SYSTEM_PROMPT, sar_from_means
+from .sar import question_removed_prompt, response_token_ids, sar_rewards
+
+
+def _trl_prompt_ids(tokenizer, prompt, chat_template_kwargs) -> list[int]:
+    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        ids = tokenizer.apply_chat_template(
+            list(prompt), add_generation_prompt=True, tokenize=True, return_dict=False, **(chat_template_kwargs or {})
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+    if isinstance(prompt, str):
+        return [int(t) for t in tokenizer(text=prompt)["input_ids"]]
+    return [int(t) for t in prompt]
+
+
+def _completion_text(c) -> str:
+    if isinstance(c, str):
+        return c
+    if isinstance(c, (list, tuple)) and c and isinstance(c[-1], dict):
+        return str(c[-1].get("content", ""))
+    raise TypeError(f"cannot read a completion of type {type(c).__name__}")
+
+
+def trl_sar_reward(
+    model: nn.Module,
+    tokenizer,
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+    batch_size: int = 8,
+    chat_template_kwargs: dict | None = None,
+    name: str = "sar",
+):
+    """A TRL reward function returning ``R_SA`` of each completion (``list[float]``).
+
+    Without ``completion_ids`` (TRL versions before they were passed) the completions' text is
+    tokenised once, without special tokens: prefer a TRL that passes ids.
+    """
+
+    def reward(prompts, completions, completion_ids=None, **kwargs):
+        p_ids = [_trl_prompt_ids(tokenizer, p, chat_template_kwargs) for p in prompts]
+        if completion_ids is None:
+            r_ids = response_token_ids(tokenizer, [_completion_text(c) for c in completions])
+        else:
+            r_ids = [[int(t) for t in ids] for ids in completion_ids]
+        was_training = model.training
+        model.eval()
+        try:
+            r = sar_rewards(model, tokenizer, p_ids, r_ids, system_prompt=system_prompt, batch_size=batch_size)
+        finally:
+            model.train(was_training)
+        return [float(x) for x in r]
+
+    reward.__name__ = name
+    reward.__qualname__ = name
+    return reward
+
+
+# -- VERL --------------------------------------------------------------------------------------
+def verl_question_removed_batch(
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    tokenizer,
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+) -> dict[str, torch.Tensor]:
+    """VERL's batch layout for the question-removed pass, on the same responses.
+
+    Args:
+        responses: ``[B, R]`` response token ids, right-padded (VERL's ``responses``).
+        response_mask: ``[B, R]`` 1 on response tokens.
+    Returns:
+        ``prompts [B, P0]`` (``q0`` for every row), ``responses``, ``input_ids [B, P0+R]``,
+        ``attention_mask``, ``position_ids`` (contiguous from 0, VERL's cumsum rule) and
+        ``response_mask``: what ``compute_log_prob`` reads.
+    """
+    q0 = torch.tensor(question_removed_prompt(tokenizer, system_prompt), dtype=responses.dtype, device=responses.device)
+    b = responses.shape[0]
+    prompts = q0[None, :].expand(b, -1).contiguous()
+    input_ids = torch.cat([prompts, responses], 1)
+    rmask = response_mask.to(torch.long)
+    attention_mask = torch.cat([torch.ones_like(prompts, dtype=torch.long), rmask], 1)
+    position_ids = torch.clamp(attention_mask.cumsum(-1) - 1, min=0)
+    return {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "response_mask": rmask,
+    }
+
+
+def verl_sar_reward(
+    logp_with_question: torch.Tensor, logp_without_question: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """``R_SA`` per row from VERL's ``[B, R]`` per-token log-probs of the two passes: ``[B]`` float32."""
+    if logp_with_question.shape != logp_without_question.shape or logp_with_question.shape != response_mask.shape:
+        raise ValueError(
+            f"log-probs {tuple(logp_with_question.shape)} / {tuple(logp_without_question.shape)} and response mask "
+            f"{tuple(response_mask.shape)} must have the same [B, R] shape"
+        )
+    m = response_mask.to(torch.float32)
+    n = m.sum(-1).clamp(min=1)
+    zero = torch.zeros((), dtype=torch.float32, device=m.device)
+    # where(), not a product: padded positions may hold anything, NaN included.
+    mq = torch.where(m > 0, logp_with_question.float(), zero).sum(-1) / n
+    m0 = torch.where(m > 0, logp_without_question.float(), zero).sum(-1) / n
+    return sar_from_means(mq, m0)
+
+
+def verl_token_level(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, R]`` reward tensor with each row's score on its last response token (VERL's convention)."""
+    m = response_mask.to(torch.long)
+    out = torch.zeros(m.shape, dtype=torch.float32, device=m.device)
+    last = (m.sum(-1) - 1).clamp(min=0)
+    has = m.sum(-1) > 0
+    rows = torch.arange(m.shape[0], device=m.device)[has]
+    out[rows, last[has]] = scores.to(out.device, torch.float32)[has]
+    return out

@@ -1,0 +1,260 @@
+"""Rollout collection: N sampled candidates per problem, graded, written as a rollout file.
+
+Prompts are the dataset's template (``swift_fast.templates``) rendered with the model's chat
+template and the generation prompt, as token ids. Sampling follows the SWIFT paper: temperature
+1.0, top-p 0.9, at most 1024 new tokens. Each candidate keeps its token ids as generated (end
+of turn included when it was generated), its text, extracted answer and correctness.
+
+Engines: vLLM when it is installed (``LLM.generate`` on prompt token ids; the engine core runs
+in a child process, so a script that calls this needs ``if __name__ == "__main__":``), else
+transformers ``generate``. Each problem's sampling is seeded from ``seed`` and its id, so a
+resumed run draws what an uninterrupted one would have drawn for the remaining problems (with
+the same engine and batch layout; vLLM's per-request seeds make its draws independent of
+batching).
+
+Resumable: problems are appended to the output as they finish (one flushed line each); a rerun
+skips the ids already there.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..rollouts import Problem, RolloutWriter
+
+PAPER_SAMPLING = {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 1024}
+
+
+@dataclass
+class CollectConfig:
+    n: int = 8
+    temperature: float = PAPER_SAMPLING["temperature"]
+    top_p: float = PAPER_SAMPLING["top_p"]
+    max_new_tokens: int = PAPER_SAMPLING["max_new_tokens"]
+    seed: int = 0
+    template: str | None = None
+    system: str | None = None
+    chunk: int = 64  # problems per engine call: the unit of progress that survives an interruption
+    grade_timeout: float | None = 5.0
+    vllm_kwargs: dict = field(default_factory=dict)
+
+
+def problem_seed(seed: int, problem_id: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(problem_id.encode())) & 0x7FFFFFFF
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def render(tokenizer, example, template=None, system=None) -> tuple[str, list[int]]:
+    """``(prompt text, prompt token ids)`` of an example: template, then the chat template."""
+    from ..templates import render_prompt
+
+    msgs = render_prompt(example, template=template, system=system)
+    ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    return text, [int(t) for t in ids]
+
+
+class HFEngine:
+    """transformers ``generate``, one problem (N samples) per call."""
+
+    name = "transformers"
+
+    def __init__(self, model, tokenizer):
+        self.model = model
+        self.tokenizer = tokenizer
+
+    def close(self) -> None:
+        pass
+
+    def eos_ids(self) -> list[int]:
+        from .generate import _eos_ids
+
+        gc = getattr(self.model, "generation_config", None)
+        ids = _eos_ids(getattr(gc, "eos_token_id", None))
+        return ids or _eos_ids(self.tokenizer.eos_token_id)
+
+    def generate(self, prompts: list[list[int]], seeds: list[int], cfg: CollectConfig) -> list[list[dict]]:
+        from .generate import response_lengths
+
+        dev = self.model.device
+        eos = self.eos_ids()
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+        out = []
+        for ids, seed in zip(prompts, seeds):
+            x = torch.tensor([ids], device=dev)
+            with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+                torch.manual_seed(seed)
+                sampling = (
+                    dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
+                    if cfg.temperature > 0
+                    else dict(do_sample=False)  # temperature 0: greedy, as vLLM reads it
+                )
+                seqs = self.model.generate(
+                    input_ids=x,
+                    attention_mask=torch.ones_like(x),
+                    **sampling,
+                    max_new_tokens=cfg.max_new_tokens,
+                    num_return_sequences=cfg.n if cfg.temperature > 0 else 1,
+                    eos_token_id=eos,
+                    pad_token_id=pad,
+                )
+            if seqs.shape[0] != cfg.n:  # greedy: the n candidates are the same one
+                seqs = seqs.expand(cfg.n, -1)
+            gen = seqs[:, len(ids) :]
+            lengths = response_lengths(gen, eos)
+            cands = []
+            for row, m in zip(gen.tolist(), lengths.tolist()):
+                toks = row[:m]
+                cands.append(
+                    {
+                        "token_ids": toks,
+                        "text": self.tokenizer.decode(toks, skip_special_tokens=True),
+                        "finish_reason": "stop" if toks and toks[-1] in eos else "length",
+                    }
+                )
+            out.append(cands)
+        return out
+
+
+class VLLMEngine:
+    """vLLM ``LLM.generate`` on prompt token ids, a chunk of problems per call."""
+
+    name = "vllm"
+
+    def __init__(self, model: str, dtype: str = "auto", seed: int = 0, **kwargs):
+        from vllm import LLM
+
+        cuda = torch.cuda.is_available()
+        kw = dict(
+            model=model,
+            seed=seed,
+            gpu_memory_utilization=0.9 if cuda else 0.3,
+            enforce_eager=not cuda,
+        )
+        if dtype != "auto":
+            kw["dtype"] = dtype
+        kw.update(kwargs)
+        self.llm = LLM(**kw)
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def close(self) -> None:
+        """Stop the engine core now rather than at interpreter exit."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
+    def generate(self, prompts: list[list[int]], seeds: list[int], cfg: CollectConfig) -> list[list[dict]]:
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens, seed=s)
+            for s in seeds
+        ]
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        result = []
+        for o in outs:
+            cands = sorted(o.outputs, key=lambda c: c.index)
+            # Text is decoded from the ids as the transformers engine does, so both engines give the
+            # same text for the same ids (vLLM's incremental detokeniser drops a trailing partial
+            # UTF-8 character).
+            result.append(
+                [
+                    {
+                        "token_ids": list(c.token_ids),
+                        "text": self.tokenizer.decode(list(c.token_ids), skip_special_tokens=True),
+                        "finish_reason": c.finish_reason,
+                    }
+                    for c in cands
+                ]
+            )
+        return result
+
+
+def grade_candidates(problem_cands: list[list[dict]], examples: list[Any], timeout: float | None) -> None:
+    """Fill ``answer`` and ``correct`` of every candidate in place (one batch for all)."""
+    from ..grading import judge_many
+
+    texts, refs, kinds, where = [], [], [], []
+    for cands, ex in zip(problem_cands, examples):
+        for c in cands:
+            texts.append(c["text"])
+            refs.append(ex.reference)
+            kinds.append(ex.kind)
+            where.append(c)
+    if not texts:
+        return
+    for c, j in zip(where, judge_many(texts, refs, kinds, timeout=timeout)):
+        c["answer"] = j.answer
+        c["correct"] = bool(j.correct)
+
+
+def collect(
+    engine,
+    tokenizer,
+    examples: Sequence[Any],
+    out_path: str | os.PathLike,
+    cfg: CollectConfig | None = None,
+    progress: bool = True,
+    model_name: str = "",
+    on_chunk: Callable[[int], None] | None = None,
+) -> dict:
+    """Generate, grade and append every example not yet in ``out_path``. Returns counts."""
+    cfg = cfg or CollectConfig()
+    if cfg.n < 1:
+        raise ValueError(f"n must be >= 1, got {cfg.n}")
+    writer = RolloutWriter(out_path, resume=True)
+    todo = [ex for ex in examples if str(ex.id) not in writer.done]
+    stats = {"problems": len(examples), "skipped_done": len(examples) - len(todo), "written": 0, "candidates": 0, "correct": 0}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(examples), initial=stats["skipped_done"], desc=f"collect ({engine.name})", unit="problem")
+    sampling = {"n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed}
+    try:
+        for a in range(0, len(todo), cfg.chunk):
+            chunk = todo[a : a + cfg.chunk]
+            rendered = [render(tokenizer, ex, cfg.template, cfg.system) for ex in chunk]
+            seeds = [problem_seed(cfg.seed, str(ex.id)) for ex in chunk]
+            cands = engine.generate([ids for _, ids in rendered], seeds, cfg)
+            grade_candidates(cands, chunk, cfg.grade_timeout)
+            for ex, (text, ids), cs in zip(chunk, rendered, cands):
+                writer.write(
+                    Problem(
+                        id=str(ex.id),
+                        question=ex.question,
+                        reference=ex.reference,
+                        kind=ex.kind,
+                        prompt=text,
+                        prompt_token_ids=ids,
+                        candidates=cs,
+                        extra={"dataset": getattr(ex, "dataset", None), "model": model_name, "engine": engine.name, "sampling": sampling},
+                    )
+                )
+                stats["written"] += 1
+                stats["candidates"] += len(cs)
+                stats["correct"] += sum(bool(c.get("correct")) for c in cs)
+            if bar is not None:
+                bar.update(len(chunk))
+                bar.set_postfix(acc=f"{stats['correct'] / max(1, stats['candidates']):.3f}")
+            if on_chunk is not None:
+                on_chunk(stats["written"])
+    finally:
+        writer.close()
+        if bar is not None:
+            bar.close()
+    return stats

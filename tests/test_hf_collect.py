@@ -1,0 +1,107 @@
+"""`swift-fast collect`: prompts from the templates as token ids, candidates as generated,
+graded; resumable. One run through vLLM (engine start is expensive), the rest through
+transformers."""
+
+import json
+
+import pytest
+import torch
+
+from hf_fixtures import eos_prone_model_dir
+
+from swift_fast.rollouts import read_rollouts
+
+transformers = pytest.importorskip("transformers")
+
+DATA = [
+    {"id": "a", "prompt": "What is 2 + 3?", "answer": "5"},
+    {"id": "b", "prompt": "What is 12 + 34?", "answer": "46"},
+    {"id": "c", "prompt": "Let 3x + 5 = 20. Find x.", "answer": "5"},
+]
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("collect") / "data.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in DATA))
+    return str(p)
+
+
+def _check_rollouts(path, tok, n, max_new):
+    from swift_fast.grading import grade
+    from swift_fast.templates import render_prompt
+
+    problems = read_rollouts(path)
+    assert [p.id for p in problems] == [r["id"] for r in DATA]
+    ends = []
+    for p, row in zip(problems, DATA):
+        msgs = render_prompt({"question": row["prompt"]})
+        want = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
+        assert p.prompt_token_ids == list(want) and p.question == row["prompt"] and p.reference == row["answer"]
+        assert len(p.candidates) == n
+        for c in p.candidates:
+            ids = c["token_ids"]
+            assert 1 <= len(ids) <= max_new
+            if c["finish_reason"] == "stop":
+                assert ids[-1] == tok.eos_token_id and tok.eos_token_id not in ids[:-1]
+            else:
+                assert c["finish_reason"] == "length" and len(ids) == max_new and tok.eos_token_id not in ids
+            assert c["text"] == tok.decode(ids, skip_special_tokens=True)
+            assert isinstance(c["correct"], bool) and c["correct"] == grade(c["text"], p.reference)
+            assert "answer" in c
+            ends.append(c["finish_reason"])
+    return problems, ends
+
+
+def test_collect_with_transformers_resumes_after_an_interruption(tmp_path_factory, data_file, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from swift_fast.datasets import load_dataset
+    from swift_fast.hf.collect import CollectConfig, HFEngine, collect
+
+    path = eos_prone_model_dir(tmp_path_factory)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    engine = HFEngine(model, tok)
+    examples = load_dataset(data_file)
+    cfg = CollectConfig(n=4, max_new_tokens=12, chunk=1, seed=3, grade_timeout=None)  # grade in-process
+
+    full = tmp_path / "full.jsonl"
+    collect(engine, tok, examples, full, cfg, progress=False)
+
+    part = tmp_path / "part.jsonl"
+
+    def stop_after_first(written):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        collect(engine, tok, examples, part, cfg, progress=False, on_chunk=stop_after_first)
+    assert [p.id for p in read_rollouts(part)] == ["a"]
+    stats = collect(engine, tok, examples, part, cfg, progress=True)
+    assert stats["skipped_done"] == 1 and stats["written"] == 2
+    problems, ends = _check_rollouts(part, tok, 4, 12)
+    assert {"stop", "length"} <= set(ends)
+    # per-problem seeds: the resumed file is the uninterrupted one
+    assert [p.to_json() for p in problems] == [p.to_json() for p in read_rollouts(full)]
+    assert problems[0].extra["sampling"] == {"n": 4, "temperature": 1.0, "top_p": 0.9, "max_new_tokens": 12, "seed": 3}
+
+
+@pytest.mark.slow
+def test_collect_cli_with_vllm(tmp_path_factory, data_file, tmp_path, capsys):
+    pytest.importorskip("vllm")
+    from transformers import AutoTokenizer
+
+    from swift_fast.cli import main
+
+    path = eos_prone_model_dir(tmp_path_factory)
+    out = tmp_path / "rollouts.jsonl"
+    args = ["collect", "--model", path, "--data", data_file, "--n", "4", "--max-new-tokens", "12", "--out", str(out), "--no-progress"]
+    assert main(args + ["--engine", "vllm", "--limit", "2"]) == 0
+    assert [p.id for p in read_rollouts(out)] == ["a", "b"]
+    # resume: the finished problems are kept, the missing one is added (with the other engine)
+    assert main(args + ["--engine", "transformers"]) == 0
+    assert "1 problems" in capsys.readouterr().out
+    tok = AutoTokenizer.from_pretrained(path)
+    problems, ends = _check_rollouts(out, tok, 4, 12)
+    assert [p.extra["engine"] for p in problems] == ["vllm", "vllm", "transformers"]
+    assert "stop" in ends[:8]  # vLLM keeps the end-of-turn token it stopped on

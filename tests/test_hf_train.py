@@ -1,0 +1,141 @@
+"""`swift-fast train` and `swift-fast score` on a tiny model, with a label the states carry."""
+
+import json
+
+import pytest
+import torch
+
+from hf_fixtures import tiny_model_dir
+
+from swift_fast.cli import main
+from swift_fast.datasets import DataError
+from swift_fast.head import SwiftHead
+from swift_fast.hf import swift_scores, train_from_rollouts
+from swift_fast.rollouts import Problem, read_rollouts, write_rollouts
+
+transformers = pytest.importorskip("transformers")
+
+CORRECT_IDS = list(range(100, 116))
+WRONG_IDS = list(range(300, 316))
+
+
+def _rollouts(tok, path, problems=20, n=8, seed=0):
+    """Correct candidates are drawn from one set of tokens, wrong ones from another: the label is
+    in the states (the embeddings of the response tokens), not in anything else."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(problems):
+        prompt = list(
+            tok.apply_chat_template([{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}], add_generation_prompt=True, return_dict=False)
+        )
+        cands = []
+        for j in range(n):
+            good = bool(torch.rand((), generator=g) < 0.5)
+            pool = torch.tensor(CORRECT_IDS if good else WRONG_IDS)
+            m = int(torch.randint(5, 10, (), generator=g))
+            ids = pool[torch.randint(0, len(pool), (m,), generator=g)].tolist() + [tok.eos_token_id]
+            cands.append({"token_ids": ids, "text": tok.decode(ids), "answer": None, "correct": good})
+        out.append(Problem(id=f"toy/{i}", candidates=cands, prompt_token_ids=prompt, question=f"q{i}"))
+    write_rollouts(path, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory, "llama", num_layers=2)
+
+
+@pytest.fixture(scope="module")
+def model_and_tok(model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(model_dir)
+
+
+def test_train_cli_learns_the_label_and_score_cli_applies_the_head(model_dir, model_and_tok, tmp_path, capsys):
+    model, tok = model_and_tok
+    data = tmp_path / "rollouts.jsonl"
+    _rollouts(tok, data)
+    head_path = tmp_path / "head.safetensors"
+    rc = main([
+        "train", "--model", model_dir, "--rollouts", str(data), "--out", str(head_path), "--layers", "0,2",
+        "--lr", "1e-2", "--epochs", "10", "--cache-dir", str(tmp_path / "cache"), "--no-progress",
+    ])
+    assert rc == 0, capsys.readouterr().err
+    head = SwiftHead.load(head_path)
+    prov = head.provenance
+    assert head.layers == [0, 2] and head.alignment == "predicting" and head.gate
+    assert head.model_name == model_dir and head.model_fingerprint["num_layers"] == 2
+    assert prov["loss"] == "bce" and prov["optimizer"] == {"name": "AdamW", "lr": 1e-2, "weight_decay": 1e-5}
+    assert prov["data"]["train_problems"] == 16 and prov["data"]["val_problems"] == 4 and len(prov["data"]["sha256"]) == 64
+    assert 1 <= prov["best_epoch"] <= prov["epochs_run"] <= 10
+    best = prov["history"][prov["best_epoch"] - 1]
+    assert best["val_loss"] == min(h["val_loss"] for h in prov["history"])
+    # chance is 0.5 here: a trainer that does not learn from the states cannot get there
+    assert prov["val_metrics"]["accuracy"] >= 0.9 and prov["val_metrics"]["auc"] >= 0.95
+
+    out = tmp_path / "scored.jsonl"
+    assert main(["score", "--model", model_dir, "--head", str(head_path), "--rollouts", str(data), "--out", str(out), "--no-progress"]) == 0
+    scored = read_rollouts(out)
+    problems = read_rollouts(data)
+    assert [p.id for p in scored] == [p.id for p in problems]
+    seqs = [p.prompt_token_ids + c["token_ids"] for p in problems for c in p.candidates]
+    plens = [len(p.prompt_token_ids) for p in problems for c in p.candidates]
+    want = swift_scores(model, head, seqs, plens)
+    got = torch.tensor([c["swift_score"] for p in scored for c in p.candidates])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    labels = torch.tensor([c["correct"] for p in scored for c in p.candidates])
+    assert ((got > 0) == labels).float().mean() >= 0.9
+
+
+def test_feature_cache_matches_recomputation_and_runs_are_reproducible(model_and_tok, tmp_path):
+    model, tok = model_and_tok
+    problems = _rollouts(tok, tmp_path / "r.jsonl", problems=10, n=4, seed=1)
+    kw = dict(layers="last2", alignment="emitted", loss="nca", lr=1e-3, max_epochs=2, progress=False, seed=7)
+    a, ra = train_from_rollouts(model, problems, **kw)
+    b, rb = train_from_rollouts(model, problems, **kw)
+    c, rc = train_from_rollouts(model, problems, cache_dir=str(tmp_path / "cache"), **kw)
+    d, rd = train_from_rollouts(model, problems, cache_dir=str(tmp_path / "cache"), **kw)  # read back from disk
+    assert torch.equal(a.weight, b.weight) and ra.history == rb.history
+    assert torch.equal(c.weight, d.weight)
+    torch.testing.assert_close(a.weight, c.weight, rtol=1e-4, atol=1e-6)
+    assert a.alignment == "emitted" and a.layers == [1, 2] and a.provenance["alpha"] == 0.01
+    # the logit feature without gate trains too, and its head reads the vocabulary
+    e, _ = train_from_rollouts(model, problems, feature="logits", gate=False, max_epochs=1, progress=False)
+    assert e.feature == "logits" and e.hidden_size == model.config.vocab_size and e.weight.shape[0] == 1
+
+
+def test_rollouts_without_token_ids_or_labels_are_refused_with_file_and_line(model_dir, model_and_tok, tmp_path, capsys):
+    model, tok = model_and_tok
+    problems = _rollouts(tok, tmp_path / "ok.jsonl", problems=3, n=2)
+    rows = [json.loads(json.dumps(p.to_json())) for p in problems]
+    del rows[1]["candidates"][1]["token_ids"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=r"bad\.jsonl:2: problem 'toy/1', candidate 1: 'token_ids' has no token ids"):
+        train_from_rollouts(model, str(bad), progress=False)
+    head = SwiftHead(model.config.hidden_size, [0, 1, 2])
+    head_path = tmp_path / "h.safetensors"
+    head.save(head_path)
+    rc = main(["score", "--model", model_dir, "--head", str(head_path), "--rollouts", str(bad), "--out", str(tmp_path / "o.jsonl"), "--no-progress"])
+    assert rc == 2 and "bad.jsonl:2" in capsys.readouterr().err
+    rows = [json.loads(json.dumps(p.to_json())) for p in problems]
+    rows[2]["candidates"][0]["correct"] = None
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=r"bad\.jsonl:3: .*'correct' must be true or false"):
+        train_from_rollouts(model, str(bad), progress=False)
+    # empty responses carry no scored token: left out of training and counted
+    rows = [json.loads(json.dumps(p.to_json())) for p in problems]
+    rows[0]["candidates"][0]["token_ids"] = []
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    h, _ = train_from_rollouts(model, str(bad), max_epochs=1, progress=False)
+    assert h.provenance["data"]["skipped_empty"] == 1 and h.provenance["data"]["candidates"] == 5
+
+
+def test_train_cli_refuses_an_unsupported_architecture(tmp_path, capsys):
+    from transformers import GPT2Config
+
+    d = tmp_path / "gpt2"
+    GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0, eos_token_id=0, architectures=["GPT2LMHeadModel"]).save_pretrained(d)
+    rc = main(["train", "--model", str(d), "--rollouts", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "h.safetensors")])
+    assert rc == 2 and "unsupported architecture GPT2LMHeadModel" in capsys.readouterr().err
