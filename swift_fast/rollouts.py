@@ -35,6 +35,8 @@ class Problem:
     prompt: str = ""
     prompt_token_ids: list[int] | None = None
     extra: dict = field(default_factory=dict)
+    #: "file:line" the problem was read from (not written back), for error messages.
+    where: str = field(default="", compare=False)
 
     def to_json(self) -> dict:
         d = {
@@ -71,6 +73,7 @@ class Problem:
             prompt=d.get("prompt", ""),
             prompt_token_ids=d.get("prompt_token_ids"),
             extra={k: v for k, v in d.items() if k not in known},
+            where=where,
         )
 
 

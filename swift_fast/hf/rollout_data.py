@@ -2,30 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..datasets import DataError
-from ..rollouts import Problem
-
-
-def problems_with_lines(path: str | os.PathLike) -> Iterator[tuple[Problem, str]]:
-    """``(problem, "file:line")`` for each problem of a rollout file."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise DataError(f"no rollout file at {path}")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-            yield Problem.from_json(d, where), where
+from ..rollouts import Problem, iter_rollouts
 
 
 def _ids(value, where: str, what: str, fix: str) -> list[int]:
@@ -69,9 +51,9 @@ def rollout_sequences(problems_or_path, need_labels: bool = False) -> RolloutSeq
     candidate without ``token_ids``, or (``need_labels``) a candidate without a boolean ``correct``.
     """
     if isinstance(problems_or_path, (str, os.PathLike)):
-        pairs = list(problems_with_lines(problems_or_path))
+        pairs = [(p, p.where) for p in iter_rollouts(problems_or_path)]
     else:
-        pairs = [(p, f"problem {p.id!r}") for p in problems_or_path]
+        pairs = [(p, p.where or f"problem {p.id!r}") for p in problems_or_path]
     out = RolloutSequences(problems=[p for p, _ in pairs], wheres=[w for _, w in pairs])
     for pi, (p, where) in enumerate(pairs):
         prompt = _ids(p.prompt_token_ids, where, f"problem {p.id!r}: 'prompt_token_ids'", _FIX)
