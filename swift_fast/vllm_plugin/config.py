@@ -1,0 +1,139 @@
+"""The plugin's configuration: ``additional_config={"swift_fast": {...}}`` (``--additional-config``).
+
+Keys:
+
+``head`` (required)
+    path of a ``swift_fast.head/1`` file.
+``sar`` (default ``false``)
+    also compute the self-aligned reward of every finished candidate.
+``sar_system_prompt`` (default SAR's system prompt)
+    the system prompt kept in the question-removed prompt ``q0``; ``null`` renders ``[user: ""]`` alone.
+``select`` (default ``"swift"``)
+    what server-side Best-of-N (``"best_of_n": N`` in a request body) ranks by: ``"swift"``,
+    ``"sar"``, ``"rank"`` or ``"scaled"`` (the two combinations of SWIFT and SAR).
+
+Per request, ``SamplingParams(extra_args={"swift_fast": {"score": False}})`` (``vllm_xargs`` in
+an OpenAI request cannot carry a dict: use ``"swift_fast_score": false`` there) opts that
+request out of scoring.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..head import HeadError, SwiftHead
+from ..sar import DEFAULT_SYSTEM_PROMPT
+
+#: key of the plugin's section in ``VllmConfig.additional_config`` and in ``SamplingParams.extra_args``
+KEY = "swift_fast"
+SELECT = ("swift", "sar", "rank", "scaled")
+_KEYS = ("head", "sar", "sar_system_prompt", "select")
+#: keys the plugin itself writes into the section at start-up
+_INTERNAL = ("_head_sha256",)
+
+
+class PluginConfigError(ValueError):
+    """``additional_config["swift_fast"]`` cannot be used as given."""
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    head_path: str
+    sar: bool = False
+    sar_system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    select: str = "swift"
+
+    @classmethod
+    def parse(cls, section: Any) -> "PluginConfig":
+        if isinstance(section, str):
+            # `--additional-config '{"swift_fast": "head.safetensors"}'` is a natural shorthand
+            section = {"head": section}
+        if not isinstance(section, Mapping):
+            raise PluginConfigError(
+                f'additional_config["{KEY}"] must be an object such as {{"head": "head.safetensors"}}, '
+                f"got {type(section).__name__}"
+            )
+        unknown = sorted(set(section) - set(_KEYS) - set(_INTERNAL))
+        if unknown:
+            raise PluginConfigError(
+                f'additional_config["{KEY}"] has unknown key(s) {unknown}; known keys: {list(_KEYS)}'
+            )
+        head = section.get("head")
+        if not isinstance(head, str) or not head:
+            raise PluginConfigError(
+                f'additional_config["{KEY}"]["head"] must be the path of a SWIFT head file, got {head!r}'
+            )
+        sar = section.get("sar", False)
+        if not isinstance(sar, bool):
+            raise PluginConfigError(f'additional_config["{KEY}"]["sar"] must be true or false, got {sar!r}')
+        system = section.get("sar_system_prompt", DEFAULT_SYSTEM_PROMPT)
+        if system is not None and not isinstance(system, str):
+            raise PluginConfigError(
+                f'additional_config["{KEY}"]["sar_system_prompt"] must be a string or null, got {system!r}'
+            )
+        select = section.get("select", "swift")
+        if select not in SELECT:
+            raise PluginConfigError(f'additional_config["{KEY}"]["select"] must be one of {SELECT}, got {select!r}')
+        if select != "swift" and not sar:
+            raise PluginConfigError(
+                f'additional_config["{KEY}"]["select"] = {select!r} ranks by SAR: set "sar": true as well'
+            )
+        return cls(head_path=os.path.abspath(os.path.expanduser(head)), sar=sar, sar_system_prompt=system, select=select)
+
+    def load_head(self) -> SwiftHead:
+        return SwiftHead.load(self.head_path)
+
+
+def section_of(vllm_config: Any) -> Any:
+    """The raw ``swift_fast`` section of a ``VllmConfig`` (None when absent)."""
+    extra = getattr(vllm_config, "additional_config", None)
+    if not extra:
+        return None
+    if not isinstance(extra, Mapping):
+        return None
+    return extra.get(KEY)
+
+
+def plugin_config(vllm_config: Any) -> PluginConfig | None:
+    """The parsed configuration, or None when the plugin is not configured for this engine."""
+    section = section_of(vllm_config)
+    if section is None:
+        return None
+    cached = getattr(vllm_config, "_swift_fast_config", None)
+    if cached is not None:
+        return cached
+    cfg = PluginConfig.parse(section)
+    try:
+        object.__setattr__(vllm_config, "_swift_fast_config", cfg)
+    except (AttributeError, TypeError):
+        pass
+    return cfg
+
+
+def check_engine(vllm_config: Any, head: SwiftHead) -> None:
+    """Refuse, at start-up, what the plugin cannot score exactly. Raises ``HeadError``."""
+    model_config = vllm_config.model_config
+    name = getattr(model_config, "model", None)
+    head.check_model(model_config.hf_config, name=name)
+    if head.alignment == "emitted":
+        raise HeadError(
+            f"the SWIFT head {head.model_name or ''} uses the 'emitted' alignment (the paper's: token r_j scored "
+            "with the states where r_j is the input). During generation vLLM never computes the states of the "
+            "last generated token, so the plugin cannot score such a head exactly and refuses it. Use a head "
+            "trained with alignment 'predicting' (the default of `swift-fast train`), or score emitted heads "
+            "offline with swift_fast.hf.swift_scores."
+        )
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is not None:
+        raise HeadError(
+            "swift-fast scores one token per request per step; speculative decoding is not supported with a "
+            "SWIFT head: remove --speculative-config"
+        )
+    pp = getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1)
+    if pp and pp > 1:
+        raise HeadError(
+            f"swift-fast needs every layer of the model in one worker; pipeline parallelism "
+            f"(pipeline_parallel_size={pp}) is not supported: use tensor parallelism"
+        )

@@ -1,0 +1,301 @@
+"""Front-end side (the process that owns ``LLMEngine`` / ``AsyncLLM``): sums each request's
+per-token values into its score, attaches the results to every ``CompletionOutput``, and runs
+SAR's question-removed pass.
+
+Scores. ``OutputProcessor.process_outputs`` is wrapped: before vLLM's loop, the values each
+``EngineCoreOutput`` carries (see :mod:`.transport`) are popped and added to the request's
+accumulator (kept on vLLM's ``RequestState``, so it is freed with it). Each value belongs to the
+one token its output carries, and that token is appended to the output, so the sums cover
+exactly ``CompletionOutput.token_ids``. ``CompletionOutput`` gets ``swift_score`` (float; None
+for a request that opted out), ``swift_tokens`` (tokens scored) and, with SAR, ``sar``.
+
+SAR. When a scored candidate finishes (EOS, stop token, ``max_tokens``, stop string), its final
+output is held back: vLLM's ``RequestState`` stays registered (so ``LLM.generate`` keeps
+stepping and ``AsyncLLM`` keeps the request open) and a question-removed pass -- prompt
+``q0 + answer``, ``max_tokens=1``, prefix-cache reads off so that every answer position is
+computed -- goes to the engine core beside the other requests, through the engine's own input
+processor. Its answer log-probs come back summed by the worker (fused log-prob path); the
+candidate's log-probs with the question were summed during generation. Then the held output is
+released with ``sar`` set. Tokens the engine generates for a held candidate before the abort
+for its stop string lands are dropped as vLLM drops them for finished requests. An aborted
+candidate is released at once, without SAR, and its pass is aborted too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import types
+from typing import Any
+
+from . import transport
+from .config import KEY, PluginConfig
+from .runner import SCORE, request_kind
+
+logger = logging.getLogger("swift_fast.vllm_plugin")
+
+GATE_EPS = 1e-8
+
+
+class Accumulator:
+    """Per-request sums (float64 on the host)."""
+
+    __slots__ = ("scored", "sar_wanted", "frontend", "wsum", "gsum", "n", "lp", "lpn", "sar", "held", "released")
+
+    def __init__(self, scored: bool, sar_wanted: bool, frontend: "FrontEnd"):
+        self.scored = scored
+        self.sar_wanted = sar_wanted
+        self.frontend = frontend
+        self.wsum = self.gsum = self.lp = 0.0
+        self.n = self.lpn = 0
+        self.sar: float | None = None
+        self.held: tuple | None = None
+        self.released = False
+
+    def add(self, v) -> None:
+        self.wsum += v[0]
+        self.gsum += v[1]
+        self.n += int(v[2])
+        self.lp += v[3]
+        self.lpn += int(v[4])
+
+    def score(self) -> float | None:
+        if not self.scored:
+            return None
+        return self.wsum / max(self.gsum, GATE_EPS)
+
+    def attach(self, out) -> None:
+        out.swift_score = self.score()
+        out.swift_tokens = self.n if self.scored else 0
+        if self.frontend.cfg.sar:
+            out.sar = self.sar
+
+
+class FrontEnd:
+    """Installed on one ``LLMEngine`` or ``AsyncLLM``."""
+
+    def __init__(self, engine, cfg: PluginConfig, is_async: bool):
+        self.cfg = cfg
+        self.is_async = is_async
+        self.op = engine.output_processor
+        self.engine_core = engine.engine_core
+        self.input_processor = engine.input_processor
+        self.q0: list[int] | None = None
+        if cfg.sar:
+            from . import question_removed_prompt_ids
+
+            self.q0 = question_removed_prompt_ids(engine.vllm_config, cfg)
+        self.passes: dict[str, Any] = {}  # pass request id -> candidate RequestState
+        self.pass_of: dict[str, str] = {}  # candidate request id -> pass request id
+        self.to_release: list = []
+        self._tasks: set = set()
+        _patch_request_state()
+        self._wrap()
+
+    # -- wiring ------------------------------------------------------------------------------
+    def _wrap(self) -> None:
+        op = self.op
+        fe = self
+        orig_add, orig_process = op.add_request, op.process_outputs
+        orig_finish, orig_abort = op._finish_request, op.abort_requests
+
+        def add_request(self_, request, *args, **kwargs):
+            orig_add(request, *args, **kwargs)
+            rs = self_.request_states.get(request.request_id)
+            if rs is not None and rs.detokenizer is not None and getattr(rs, "_swift_fast", None) is None:
+                scored = request_kind(request.sampling_params)[0] == SCORE
+                rs._swift_fast = Accumulator(scored, scored and fe.cfg.sar, fe)
+
+        def process_outputs(self_, engine_core_outputs, *args, **kwargs):
+            keep = fe._pre(engine_core_outputs)
+            result = orig_process(keep, *args, **kwargs)
+            fe._release(result.request_outputs)
+            return result
+
+        def _finish_request(self_, req_state):
+            acc = getattr(req_state, "_swift_fast", None)
+            if acc is not None and acc.held is not None and not acc.released:
+                return  # stays registered until its SAR pass is back
+            orig_finish(req_state)
+
+        def abort_requests(self_, request_ids, internal):
+            ids = orig_abort(request_ids, internal)
+            extra = []
+            for rid in ids:
+                pid = fe.pass_of.pop(rid, None)
+                if pid is not None:
+                    fe.passes.pop(pid, None)
+                    extra.append(pid)
+            return list(ids) + extra
+
+        op.add_request = types.MethodType(add_request, op)
+        op.process_outputs = types.MethodType(process_outputs, op)
+        op._finish_request = types.MethodType(_finish_request, op)
+        op.abort_requests = types.MethodType(abort_requests, op)
+        self._orig_finish = orig_finish
+
+    # -- per step ----------------------------------------------------------------------------
+    def _pre(self, engine_core_outputs):
+        keep = []
+        states = self.op.request_states
+        for eco in engine_core_outputs:
+            v = transport.pop(eco)
+            rid = eco.request_id
+            cand = self.passes.get(rid)
+            if cand is not None:
+                if eco.finished:
+                    self._pass_done(rid, cand, v, eco.finish_reason)
+                continue
+            rs = states.get(rid)
+            if rs is not None:
+                acc = getattr(rs, "_swift_fast", None)
+                if acc is not None:
+                    if acc.held is not None:
+                        continue  # finished candidate: surplus tokens before its abort landed
+                    if v is not None:
+                        acc.add(v)
+            keep.append(eco)
+        return keep
+
+    def _release(self, request_outputs: list) -> None:
+        while self.to_release:
+            rs = self.to_release.pop(0)
+            acc = rs._swift_fast
+            if acc.released or self.op.request_states.get(rs.request_id) is not rs:
+                continue  # aborted meanwhile
+            acc.released = True
+            args, kwargs = acc.held
+            out = rs.make_request_output(*args, **kwargs)
+            if out is not None:
+                if rs.queue is not None:
+                    rs.queue.put(out)
+                else:
+                    request_outputs.append(out)
+            self._orig_finish(rs)
+
+    # -- SAR pass ----------------------------------------------------------------------------
+    def hold(self, rs, call: tuple) -> None:
+        """A scored candidate finished: hold its final output (``call``: the arguments of
+        ``make_request_output``) and start its SAR pass."""
+        acc = rs._swift_fast
+        acc.held = call
+        answer = list(rs.detokenizer.output_token_ids)
+        if not answer:
+            acc.sar = 0.0  # no answer token: no evidence either way (swift_fast.sar)
+            self.to_release.append(rs)
+            return
+        try:
+            req = self._pass_request(rs, answer)
+        except Exception as e:  # a pass the engine refuses (e.g. q0 + answer over max_model_len)
+            logger.warning("swift-fast: no SAR for request %s: %s", rs.external_req_id, e)
+            acc.sar = math.nan
+            self.to_release.append(rs)
+            return
+        self.passes[req.request_id] = rs
+        self.pass_of[rs.request_id] = req.request_id
+        if self.is_async:
+            task = asyncio.get_running_loop().create_task(self.engine_core.add_request_async(req))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            self.engine_core.add_request(req)
+
+    def _pass_request(self, rs, answer: list[int]):
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=1,
+            temperature=0.0,
+            detokenize=False,
+            skip_reading_prefix_cache=True,
+            extra_args={KEY: {"sar_pass": len(self.q0)}},
+        )
+        req = self.input_processor.process_inputs(
+            f"swift-fast-sar-{rs.request_id}",
+            {"prompt_token_ids": self.q0 + answer},
+            params,
+            supported_tasks=("generate",),
+            lora_request=rs.lora_request,
+        )
+        self.input_processor.assign_request_id(req)
+        return req
+
+    def _pass_done(self, pass_id: str, rs, v, finish_reason) -> None:
+        self.passes.pop(pass_id, None)
+        self.pass_of.pop(rs.request_id, None)
+        acc = rs._swift_fast
+        if v is None or v[4] <= 0 or acc.lpn <= 0:
+            logger.warning("swift-fast: SAR pass for request %s returned no log-probs (%s)", rs.external_req_id, finish_reason)
+            acc.sar = math.nan
+        else:
+            acc.sar = sar_value(acc.lp / acc.lpn, v[3] / v[4])
+        self.to_release.append(rs)
+
+
+def sar_value(mean_with_question: float, mean_without_question: float) -> float:
+    """``swift_fast.sar.sar_from_means`` on two Python floats, in float64 on the host: it runs once
+    per finished candidate in the front end's loop, where building tensors costs more than the math."""
+    return min(1.0, max(-1.0, -math.expm1(mean_without_question - mean_with_question)))
+
+
+_PATCHED = False
+
+
+def _patch_request_state() -> None:
+    """Wrap two ``RequestState`` methods, once per process and only once a configured engine
+    exists; requests of other engines (no ``_swift_fast`` accumulator) pass straight through."""
+    global _PATCHED
+    if _PATCHED:
+        return
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.engine.output_processor import RequestState
+
+    orig_make = RequestState.make_request_output
+    orig_new = RequestState._new_completion_output
+    no_sar = (FinishReason.ABORT, FinishReason.ERROR)
+
+    def make_request_output(self, new_token_ids, pooling_output, finish_reason, stop_reason, *args, **kwargs):
+        acc = getattr(self, "_swift_fast", None)
+        if (
+            acc is not None
+            and acc.sar_wanted
+            and finish_reason is not None
+            and acc.held is None
+            and finish_reason not in no_sar
+        ):
+            acc.frontend.hold(self, ((new_token_ids, pooling_output, finish_reason, stop_reason, *args), kwargs))
+            return None
+        return orig_make(self, new_token_ids, pooling_output, finish_reason, stop_reason, *args, **kwargs)
+
+    def _new_completion_output(self, *args, **kwargs):
+        out = orig_new(self, *args, **kwargs)
+        acc = getattr(self, "_swift_fast", None)
+        if acc is not None:
+            acc.attach(out)
+        return out
+
+    from vllm.outputs import RequestOutput
+
+    orig_add = RequestOutput.add
+
+    def add(self, next_output, aggregate):
+        # merging streamed deltas keeps the first CompletionOutput object: give it the newest scores
+        orig_add(self, next_output, aggregate)
+        if aggregate:
+            newest = {c.index: c for c in next_output.outputs if hasattr(c, "swift_score")}
+            if newest:
+                for c in self.outputs:
+                    src = newest.get(c.index)
+                    if src is not None and src is not c:
+                        for k in _FIELDS:
+                            if hasattr(src, k):
+                                setattr(c, k, getattr(src, k))
+
+    RequestState.make_request_output = make_request_output
+    RequestState._new_completion_output = _new_completion_output
+    RequestOutput.add = add
+    _PATCHED = True
+
+
+_FIELDS = ("swift_score", "swift_tokens", "sar")

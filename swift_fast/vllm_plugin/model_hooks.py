@@ -1,0 +1,164 @@
+"""Forward side: each selected hidden state is projected onto the head as the model produces it.
+
+The decoder's modules keep their names, parameters and classes' behaviour; each module that
+produces a selected state gets a subclass (``__class__`` swapped in place) whose ``forward``
+calls the original and then ``torch.ops.swift_fast.project_layer_`` on its output:
+
+==========================  ======================================================
+hidden state (HF numbering)  where it is read
+==========================  ======================================================
+0 (embeddings)              input of decoder layer 0 (before the layer runs)
+i = 1 .. L-1                output ``(hidden, residual)`` of decoder layer i-1;
+                            the residual stream is their sum
+L (after the final norm)    first output of the decoder's final norm
+==========================  ======================================================
+
+The projection is read at once: fused add-RMSNorm kernels update ``hidden``/``residual`` in
+place in the next layer. All partial projections add into one float32 accumulator ``acc[N, 2]``
+(N = the engine's ``max_num_batched_tokens``) and each layer's weight columns ``W_l[rows, d]``;
+both are registered as (non-persistent) buffers on the hooked modules, which is how state that
+compiled code mutates reaches vLLM's ``torch.compile`` graph (a global tensor does not). The
+addresses never change, so a captured CUDA graph replays into the same buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..head import HeadError, SwiftHead
+
+ACC = "_swift_fast_acc"
+W_IN = "_swift_fast_w_in"
+W_OUT = "_swift_fast_w_out"
+
+
+def _project(acc: torch.Tensor, hidden: torch.Tensor, residual, weight: torch.Tensor) -> None:
+    torch.ops.swift_fast.project_layer_(acc, hidden, residual, weight)
+
+
+class _ScoredLayer:
+    """Mixin put in front of a decoder layer's class: projects its input (state 0) and/or its
+    output (state i+1). ``forward(positions, hidden_states, residual, ...)`` as vLLM's decoder
+    layers (Llama, Qwen2, Mistral, ...)."""
+
+    def forward(self, positions, hidden_states, residual, *args, **kwargs):
+        w_in = getattr(self, W_IN)
+        if w_in is not None:
+            _project(getattr(self, ACC), hidden_states, residual, w_in)
+        out = super().forward(positions, hidden_states, residual, *args, **kwargs)
+        w_out = getattr(self, W_OUT)
+        if w_out is not None:
+            _project(getattr(self, ACC), out[0], out[1], w_out)
+        return out
+
+
+class _ScoredNorm:
+    """Mixin put in front of the final norm's class: projects its (first) output, state L."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        first = out[0] if isinstance(out, tuple) else out
+        _project(getattr(self, ACC), first, None, getattr(self, W_OUT))
+        return out
+
+
+_SUBCLASSES: dict[tuple[type, type], type] = {}
+
+
+def _swap_class(module: nn.Module, mixin: type) -> None:
+    cls = type(module)
+    if issubclass(cls, mixin):
+        return
+    key = (mixin, cls)
+    sub = _SUBCLASSES.get(key)
+    if sub is None:
+        sub = type(f"SwiftScored{cls.__name__}", (mixin, cls), {"__module__": __name__})
+        _SUBCLASSES[key] = sub
+    module.__class__ = sub
+
+
+def _set_buffer(module: nn.Module, name: str, value) -> None:
+    if name in module._buffers:
+        module._buffers[name] = value
+    else:
+        module.register_buffer(name, value, persistent=False)
+
+
+@dataclass
+class DecoderParts:
+    layers: nn.ModuleList
+    norm: nn.Module
+    num_layers: int
+
+
+def decoder_parts(model: nn.Module, architecture: str = "") -> DecoderParts:
+    """The decoder layers and final norm of a vLLM causal LM (``model.model.layers`` / ``.norm``)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    norm = getattr(inner, "norm", None)
+    if not isinstance(layers, nn.ModuleList) or not isinstance(norm, nn.Module):
+        raise HeadError(
+            f"swift-fast cannot find the decoder layers of {architecture or type(model).__name__} "
+            f"({type(model).__name__}): it expects model.model.layers and model.model.norm as in vLLM's "
+            "Llama, Qwen2, Qwen3 and Mistral implementations"
+        )
+    start = getattr(inner, "start_layer", 0)
+    end = getattr(inner, "end_layer", len(layers))
+    if start != 0 or end != len(layers):
+        raise HeadError("swift-fast needs every decoder layer in this worker (pipeline parallelism is not supported)")
+    return DecoderParts(layers=layers, norm=norm, num_layers=len(layers))
+
+
+@dataclass
+class ForwardScoring:
+    """What :func:`install` attached: the shared accumulator and the hooked modules."""
+
+    acc: torch.Tensor  # float32 [N, 2]
+    bias: torch.Tensor  # float32 [rows]
+    modules: list = field(default_factory=list)
+
+
+def install(model: nn.Module, head: SwiftHead, max_tokens: int, device: torch.device, architecture: str = "") -> ForwardScoring:
+    """Hook ``head``'s hidden states into ``model`` (a logit-feature head hooks nothing here).
+
+    Args:
+        model: the loaded vLLM model (``runner.model``).
+        head: a ``feature="hidden"`` head already checked against the model.
+        max_tokens: rows of the accumulator, at least the largest forward's token count.
+    """
+    acc = torch.zeros(max_tokens, 2, dtype=torch.float32, device=device)
+    bias = head.bias.detach().to(device=device, dtype=torch.float32).contiguous()
+    fs = ForwardScoring(acc=acc, bias=bias)
+    if head.feature != "hidden":
+        return fs
+    parts = decoder_parts(model, architecture)
+    L = parts.num_layers
+    w_in: dict[int, torch.Tensor] = {}
+    w_out: dict[int, torch.Tensor] = {}
+    w_norm = None
+    for i, state in enumerate(head.layers):
+        w = head.layer_weight(i).detach().to(device=device, dtype=torch.float32).contiguous()
+        if state == 0:
+            w_in[0] = w
+        elif state < L:
+            w_out[state - 1] = w
+        elif state == L:
+            w_norm = w
+        else:
+            raise HeadError(f"head layer {state} does not exist: the model has hidden states 0..{L}")
+    for idx in sorted(set(w_in) | set(w_out)):
+        layer = parts.layers[idx]
+        _swap_class(layer, _ScoredLayer)
+        _set_buffer(layer, ACC, acc)
+        _set_buffer(layer, W_IN, w_in.get(idx))
+        _set_buffer(layer, W_OUT, w_out.get(idx))
+        fs.modules.append(layer)
+    if w_norm is not None:
+        _swap_class(parts.norm, _ScoredNorm)
+        _set_buffer(parts.norm, ACC, acc)
+        _set_buffer(parts.norm, W_OUT, w_norm)
+        fs.modules.append(parts.norm)
+    return fs

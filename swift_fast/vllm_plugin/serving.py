@@ -1,0 +1,261 @@
+"""OpenAI-compatible server (``vllm serve``): scores in responses and server-side Best-of-N.
+
+With a head configured, every choice of ``/v1/completions`` and ``/v1/chat/completions`` carries
+``swift_score`` and ``swift_tokens`` (and ``sar`` with SAR on); in a streamed response they ride
+on each choice's final chunk (the one with its ``finish_reason``).
+
+A request may ask ``"best_of_n": N`` (a body field, as ``extra_body`` of the ``openai`` client):
+the server samples ``N`` candidates (``n`` must then be 1 or absent, ``stream`` false) and
+returns, per prompt, only the one the configured selection ranks first (``select``: SWIFT by
+default; ties go to the lowest index), with::
+
+    "best_of_n": {"n": N, "index": <chosen candidate>, "swift_scores": [...N], "sar": [...N]}
+
+``usage`` counts all ``N`` candidates' tokens: they were all generated.
+
+The serving classes are patched once per process, when the first engine with a head is built;
+each wrapper checks its own engine, so a server without a head is served unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from typing import Any
+
+_INSTALLED = False
+
+
+def _frontend(serving) -> Any:
+    return getattr(getattr(serving, "engine_client", None), "_swift_fast_frontend", None)
+
+
+def choice_fields(output, sar: bool) -> dict:
+    """The fields a response choice gets from a ``CompletionOutput``."""
+    d = {"swift_score": _num(getattr(output, "swift_score", None)), "swift_tokens": getattr(output, "swift_tokens", 0)}
+    if sar:
+        d["sar"] = _num(getattr(output, "sar", None))
+    return d
+
+
+def _num(x):
+    # JSON has no NaN: a score that could not be computed is null
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return None
+    return float(x)
+
+
+def _set(choice, fields: dict) -> None:
+    for k, v in fields.items():
+        setattr(choice, k, v)  # response models allow extra fields
+
+
+def select_best(fields: list[dict], how: str) -> int:
+    """Index of the candidate ``how`` (``swift``/``sar``/``rank``/``scaled``) ranks first."""
+    import torch
+
+    from .. import bon
+
+    def col(key):
+        return torch.tensor([[math.nan if f.get(key) is None else f[key] for f in fields]], dtype=torch.float64)
+
+    n = len(fields)
+    if how == "swift":
+        return int(bon.bon_select(col("swift_score"), n)[0])
+    if how == "sar":
+        return int(bon.bon_select(col("sar"), n)[0])
+    if how == "rank":
+        return int(bon.combine_rank(col("swift_score"), col("sar"), n)[0])
+    return int(bon.combine_scaled(col("swift_score"), col("sar"), n)[0])
+
+
+def _best_of_n(request) -> tuple[int | None, str | None]:
+    """``(N, error)`` from a request body's ``best_of_n``."""
+    extra = getattr(request, "model_extra", None) or {}
+    if "best_of_n" not in extra:
+        return None, None
+    n = extra["best_of_n"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        return None, f"best_of_n must be a positive integer, got {n!r}"
+    if request.n not in (None, 1):
+        return None, "best_of_n returns one choice per prompt: leave n unset (or 1)"
+    if getattr(request, "stream", False):
+        return None, "best_of_n needs every candidate finished before it answers: set stream to false"
+    if getattr(request, "use_beam_search", False):
+        return None, "best_of_n cannot be combined with beam search"
+    return n, None
+
+
+def _reduce(response, n: int, fe) -> None:
+    """Keep the best of each group of ``n`` consecutive choices (prompt-major)."""
+    choices = list(response.choices)
+    kept = []
+    for g in range(0, len(choices), n):
+        group = choices[g : g + n]
+        fields = [dict(c.model_extra or {}) for c in group]
+        best = select_best(fields, fe.cfg.select)
+        c = group[best]
+        info = {"n": n, "index": best, "swift_scores": [f.get("swift_score") for f in fields]}
+        if fe.cfg.sar:
+            info["sar"] = [f.get("sar") for f in fields]
+        c.index = len(kept)
+        _set(c, {"best_of_n": info})
+        kept.append(c)
+    response.choices = kept
+
+
+def _rewrite_sse(chunk: str, finals: dict, key_of, sar: bool) -> str:
+    """Add the scores to the choices of an SSE ``data:`` chunk that carry a finish reason."""
+    if not chunk.startswith("data: ") or '"finish_reason"' not in chunk:
+        return chunk
+    body = chunk[len("data: ") :].strip()
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return chunk
+    changed = False
+    for ch in data.get("choices") or []:
+        if ch.get("finish_reason") is None:
+            continue
+        out = finals.get(key_of(ch.get("index")))
+        if out is not None:
+            ch.update(choice_fields(out, sar))
+            changed = True
+    return f"data: {json.dumps(data)}\n\n" if changed else chunk
+
+
+def install_serving() -> None:
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+    # -- completions ----------------------------------------------------------------------
+    C = OpenAIServingCompletion
+    orig_to_resp = C.request_output_to_completion_response
+
+    @functools.wraps(orig_to_resp)
+    def request_output_to_completion_response(self, final_res_batch, request, *args, **kwargs):
+        response = orig_to_resp(self, final_res_batch, request, *args, **kwargs)
+        fe = _frontend(self)
+        if fe is not None:
+            outputs = [o for res in final_res_batch for o in res.outputs]
+            for choice, out in zip(response.choices, outputs):
+                _set(choice, choice_fields(out, fe.cfg.sar))
+        return response
+
+    orig_create = C.create_completion
+
+    @functools.wraps(orig_create)
+    async def create_completion(self, request, raw_request=None):
+        fe = _frontend(self)
+        if fe is None:
+            return await orig_create(self, request, raw_request)
+        n, err = _best_of_n(request)
+        if err:
+            return self.create_error_response(err)
+        if n is None:
+            return await orig_create(self, request, raw_request)
+        request.n = n
+        response = await orig_create(self, request, raw_request)
+        if not isinstance(response, ErrorResponse):
+            _reduce(response, n, fe)
+        return response
+
+    orig_stream = C.completion_stream_generator
+
+    @functools.wraps(orig_stream)
+    def completion_stream_generator(self, request, engine_inputs, result_generator, *args, **kwargs):
+        fe = _frontend(self)
+        if fe is None:
+            return orig_stream(self, request, engine_inputs, result_generator, *args, **kwargs)
+        n = request.n or 1
+        finals: dict = {}
+
+        async def tap():
+            async for i, res in result_generator:
+                for o in res.outputs:
+                    finals[o.index + i * n] = o
+                yield i, res
+
+        async def gen():
+            async for chunk in orig_stream(self, request, engine_inputs, tap(), *args, **kwargs):
+                yield _rewrite_sse(chunk, finals, lambda idx: idx, fe.cfg.sar)
+
+        return gen()
+
+    C.request_output_to_completion_response = request_output_to_completion_response
+    C.create_completion = create_completion
+    C.completion_stream_generator = completion_stream_generator
+
+    # -- chat -----------------------------------------------------------------------------
+    H = OpenAIServingChat
+    orig_full = H.chat_completion_full_generator
+
+    @functools.wraps(orig_full)
+    async def chat_completion_full_generator(self, request, result_generator, *args, **kwargs):
+        fe = _frontend(self)
+        if fe is None:
+            return await orig_full(self, request, result_generator, *args, **kwargs)
+        last: list = [None]
+
+        async def tap():
+            async for res in result_generator:
+                last[0] = res
+                yield res
+
+        response = await orig_full(self, request, tap(), *args, **kwargs)
+        if last[0] is not None and not isinstance(response, ErrorResponse):
+            by_index = {o.index: o for o in last[0].outputs}
+            for choice in response.choices:
+                out = by_index.get(choice.index)
+                if out is not None:
+                    _set(choice, choice_fields(out, fe.cfg.sar))
+        return response
+
+    orig_chat = H.create_chat_completion
+
+    @functools.wraps(orig_chat)
+    async def create_chat_completion(self, request, raw_request=None):
+        fe = _frontend(self)
+        if fe is None:
+            return await orig_chat(self, request, raw_request)
+        n, err = _best_of_n(request)
+        if err:
+            return self.create_error_response(err)
+        if n is None:
+            return await orig_chat(self, request, raw_request)
+        request.n = n
+        response = await orig_chat(self, request, raw_request)
+        if not isinstance(response, ErrorResponse):
+            _reduce(response, n, fe)
+        return response
+
+    orig_chat_stream = H.chat_completion_stream_generator
+
+    @functools.wraps(orig_chat_stream)
+    def chat_completion_stream_generator(self, request, result_generator, *args, **kwargs):
+        fe = _frontend(self)
+        if fe is None:
+            return orig_chat_stream(self, request, result_generator, *args, **kwargs)
+        finals: dict = {}
+
+        async def tap():
+            async for res in result_generator:
+                for o in res.outputs:
+                    finals[o.index] = o
+                yield res
+
+        async def gen():
+            async for chunk in orig_chat_stream(self, request, tap(), *args, **kwargs):
+                yield _rewrite_sse(chunk, finals, lambda idx: idx, fe.cfg.sar)
+
+        return gen()
+
+    H.chat_completion_full_generator = chat_completion_full_generator
+    H.create_chat_completion = create_chat_completion
+    H.chat_completion_stream_generator = chat_completion_stream_generator
+    _INSTALLED = True

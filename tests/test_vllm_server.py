@@ -1,0 +1,186 @@
+"""A real OpenAI-compatible server (`swift-fast serve` -> `vllm serve`) on loopback, queried with
+the `openai` client; every score is checked against the Hugging Face reference.
+
+The server runs vLLM's default settings (torch.compile on, multiprocess engine core), so this is
+also the test that scoring survives compilation, through the async engine and SAR's pass there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+openai = pytest.importorskip("openai")
+
+from swift_fast.testing import build_tiny_model  # noqa: E402
+from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, TEXTS, Ref, make_head  # noqa: E402
+
+STARTUP_TIMEOUT = 600
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server")
+    path = build_tiny_model("llama", root / "llama")
+    head = make_head(path, layers=[0, 2], seed=5)
+    hp = str(root / "head.safetensors")
+    head.save(hp)
+    port = _free_port()
+    log_path = root / "server.log"
+    cmd = [
+        sys.executable, "-m", "swift_fast", "serve", "--head", hp, "--sar", path,
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
+        "--max-model-len", "256", "--kv-cache-memory-bytes", str(2048 * KV_BYTES_PER_TOKEN),
+    ]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + STARTUP_TIMEOUT
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"server not up after {STARTUP_TIMEOUT}s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(1)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+        yield client, path, head, Ref(path), log_path
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+
+
+def _extra(obj, key):
+    return (obj.model_extra or {}).get(key)
+
+
+def _check(ref, head, prompts, responses, swift, sar):
+    torch.testing.assert_close(torch.tensor(swift, dtype=torch.float32), ref.swift(head, prompts, responses), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(torch.tensor(sar, dtype=torch.float32), ref.sar(prompts, responses), rtol=RTOL, atol=ATOL)
+
+
+def test_server_compiles_the_model(server):
+    *_, log_path = server
+    log = log_path.read_text()
+    assert "enforce_eager=False" in log and "Enforce eager set" not in log
+    assert "Warming up model for the compilation" in log
+
+
+def test_completions_carry_scores_matching_hf(server):
+    client, path, head, ref, _ = server
+    prompts = [ref.prompt(t) for t in TEXTS[:2]]
+    r = client.completions.create(model=path, prompt=prompts, n=2, max_tokens=12, temperature=1.0,
+                                  extra_body={"return_token_ids": True})
+    assert len(r.choices) == 4
+    P, R, S, A = [], [], [], []
+    for i, c in enumerate(r.choices):
+        P.append(prompts[i // 2])
+        R.append(list(_extra(c, "token_ids")))
+        S.append(_extra(c, "swift_score"))
+        A.append(_extra(c, "sar"))
+        assert _extra(c, "swift_tokens") == len(R[-1])
+    _check(ref, head, P, R, S, A)
+
+
+def test_chat_completions_carry_scores_matching_hf(server):
+    client, path, head, ref, _ = server
+    msgs = [{"role": "user", "content": TEXTS[2]}]
+    r = client.chat.completions.create(model=path, messages=msgs, n=2, max_tokens=10, temperature=1.0,
+                                       extra_body={"return_token_ids": True})
+    prompt = list(_extra(r, "prompt_token_ids"))
+    assert prompt == ref.prompt(TEXTS[2])
+    R = [list(_extra(c, "token_ids")) for c in r.choices]
+    _check(ref, head, [prompt] * 2, R, [_extra(c, "swift_score") for c in r.choices], [_extra(c, "sar") for c in r.choices])
+
+
+def test_best_of_n_returns_the_best_choice_and_all_scores(server):
+    client, path, head, ref, _ = server
+    prompt = ref.prompt(TEXTS[3])
+    r = client.completions.create(model=path, prompt=prompt, max_tokens=10, temperature=1.0,
+                                  extra_body={"best_of_n": 4, "return_token_ids": True})
+    assert len(r.choices) == 1
+    c = r.choices[0]
+    info = _extra(c, "best_of_n")
+    assert info["n"] == 4 and len(info["swift_scores"]) == 4 and len(info["sar"]) == 4
+    scores = info["swift_scores"]
+    assert info["index"] == max(range(4), key=lambda i: (scores[i], -i))
+    assert _extra(c, "swift_score") == scores[info["index"]]
+    _check(ref, head, [prompt], [list(_extra(c, "token_ids"))], [_extra(c, "swift_score")], [_extra(c, "sar")])
+
+
+def test_best_of_n_in_chat(server):
+    client, path, head, ref, _ = server
+    r = client.chat.completions.create(model=path, messages=[{"role": "user", "content": TEXTS[0]}], max_tokens=8,
+                                       extra_body={"best_of_n": 3})
+    assert len(r.choices) == 1
+    info = _extra(r.choices[0], "best_of_n")
+    assert info["n"] == 3 and _extra(r.choices[0], "swift_score") == max(info["swift_scores"])
+
+
+def test_streamed_choice_gets_its_scores_on_the_final_chunk(server):
+    client, path, head, ref, _ = server
+    prompt = ref.prompt(TEXTS[1])
+    ids, final = [], None
+    for chunk in client.completions.create(model=path, prompt=prompt, max_tokens=10, temperature=1.0, stream=True,
+                                           extra_body={"return_token_ids": True}):
+        for c in chunk.choices:
+            ids += list(_extra(c, "token_ids") or [])
+            if c.finish_reason is not None:
+                final = c
+    assert final is not None and _extra(final, "swift_tokens") == len(ids)
+    _check(ref, head, [prompt], [ids], [_extra(final, "swift_score")], [_extra(final, "sar")])
+
+
+@pytest.mark.parametrize("body, match", [({"best_of_n": 2, "stream": True}, "stream"),
+                                         ({"best_of_n": 2, "n": 2}, "leave n unset"),
+                                         ({"best_of_n": 0}, "positive integer")])
+def test_best_of_n_misuse_is_a_400_that_says_why(server, body, match):
+    client, path, *_ = server
+    kw = {k: body.pop(k) for k in ("stream", "n") if k in body}
+    with pytest.raises(openai.BadRequestError, match=match):
+        client.completions.create(model=path, prompt="2+2=", max_tokens=4, extra_body=body, **kw)
+
+
+def test_serve_command_line_merges_the_head_into_additional_config(monkeypatch):
+    import swift_fast.cli as cli
+    from swift_fast.cli import build_parser
+    from swift_fast.cli.serve import vllm_argv
+
+    monkeypatch.setattr(cli, "_ARGV", ["serve"])
+    args = build_parser().parse_args(["serve", "--head", "h.safetensors", "--sar", "--select", "rank", "M",
+                                      "--port", "9", "--additional-config", '{"other": 1}'])
+    argv = vllm_argv(args)
+    assert argv[:4] == ["serve", "M", "--port", "9"] and argv[4] == "--additional-config"
+    import json
+
+    assert json.loads(argv[5]) == {"other": 1, "swift_fast": {"head": "h.safetensors", "sar": True, "select": "rank"}}
+    args = build_parser().parse_args(["serve", "--head", "h.safetensors", "--select", "sar", "M"])
+    with pytest.raises(ValueError, match="sar"):
+        vllm_argv(args)
