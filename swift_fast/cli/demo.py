@@ -1,12 +1,56 @@
-"""`swift-fast demo`."""
+"""`swift-fast demo`: Best-of-N with the embedded model and head; `swift-fast demo build` rebuilds them."""
 
 from __future__ import annotations
 
+import os
+
 
 def add_parser(sub, name, help_):
-    p = sub.add_parser(name, help=help_, description=help_)
+    p = sub.add_parser(
+        name,
+        help=help_,
+        description=help_ + ". Samples N candidates per held-out problem through the vLLM plugin (CPU), "
+        "prints the Best-of-N table with 95% confidence intervals, and writes a plot and an HTML page of "
+        "candidates with their SWIFT token scores.",
+    )
+    p.add_argument("action", nargs="?", choices=("run", "build", "ablations"), default="run",
+                   help="run (default): the demo; build: retrain the model and head from nothing (CPU); "
+                   "ablations: retrain head variants on the build's rollouts and score a run's candidates")
+    p.add_argument("--out", default=None,
+                   help="run: output folder (default demo_out); build: artefact folder (default: the shipped one)")
+    p.add_argument("--assets", default=None, help="artefact folder to run on (default: the shipped one)")
+    p.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto",
+                   help="generation engine: the vLLM plugin (default when vLLM imports) or transformers")
+    p.add_argument("--limit", type=int, default=None, help="run on the first N held-out problems only")
+    p.add_argument("--n", type=int, default=16, help="candidates per problem (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--show", type=int, default=4, help="problems shown in the HTML page")
+    p.add_argument("--work", default="demo_build", help="build: folder for intermediates (model, rollouts)")
+    p.add_argument("--reuse", action="store_true", help="build: keep the model and rollouts already in --work")
+    p.add_argument("--rollouts", default="demo_out/rollouts.jsonl", help="ablations: the run whose candidates are scored")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 
 def run(args) -> int:
-    raise SystemExit("swift-fast demo is not available in this version")
+    from ..demo import assets as A
+
+    if args.action == "build":
+        from ..demo.build import build
+
+        build(out=args.out or A.ASSETS_DIR, work=args.work, progress=not args.no_progress, reuse=args.reuse)
+        return 0
+    if args.action == "ablations":
+        from ..demo.ablations import run_ablations
+
+        run_ablations(args.rollouts, work=args.work, out=os.path.join(args.out or "demo_out", "ablations.json"),
+                      progress=not args.no_progress)
+        return 0
+    from ..demo.run import run_demo
+
+    try:
+        run_demo(out_dir=args.out or "demo_out", root=args.assets or A.ASSETS_DIR, backend=args.backend,
+                 limit=args.limit, n=args.n, seed=args.seed, show=args.show, progress=not args.no_progress)
+    except A.AssetError as e:
+        raise SystemExit(f"swift-fast demo: {e}") from None
+    return 0

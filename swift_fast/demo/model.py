@@ -77,7 +77,6 @@ def _batch(rng: random.Random, task_cfg: T.TaskConfig, tok, prompt_cache: dict, 
         q = T.question(terms)
         if q in exclude:
             continue
-        p = prompt_cache.get(len(q))
         p = prompt_ids(tok, q)
         r = tok(T.training_solution(terms, task_cfg, rng), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         seqs.append(p + r)
@@ -145,6 +144,8 @@ def train_model(
         loss = out.loss.item()
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         bar.set_postfix(loss=f"{ema:.4f}")
+        if not progress and step % 50 == 0:
+            print(f"step {step} loss {ema:.4f} {time.time() - t0:.0f}s", flush=True)
         if log is not None and (step % 50 == 0 or step == train_cfg.steps - 1):
             log.append({"step": step, "loss": round(ema, 5), "seconds": round(time.time() - t0, 1)})
     model.eval()

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 ANSWER_MARK = "#"
 CHECK_WORD = "check"
+VERSUS = "vs"
 VERDICT_OK = "ok"
 VERDICT_NO = "no"
 
@@ -30,7 +31,7 @@ VERDICT_NO = "no"
 @dataclass(frozen=True)
 class TaskConfig:
     min_terms: int = 2
-    max_terms: int = 5
+    max_terms: int = 4
     max_digits: int = 3
     #: fraction of training solutions with one slipped forward step (and verdict ``no``)
     flaw_rate: float = 0.25
@@ -88,7 +89,8 @@ def solution(terms: list[int], cfg: TaskConfig, rng: random.Random | None = None
     if cfg.check:
         back, check_total = _chain(terms[::-1], None, rng)
         verdict = VERDICT_OK if check_total == total else VERDICT_NO
-        text += f"{CHECK_WORD};" + "".join(back) + verdict
+        # both totals side by side, so the verdict compares neighbouring digits
+        text += f"{CHECK_WORD};" + "".join(back) + f"{total}{VERSUS}{check_total};" + verdict
     return text + f"{ANSWER_MARK}{total}"
 
 

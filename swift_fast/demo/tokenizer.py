@@ -8,7 +8,7 @@ turn and is the model's EOS, so a generated response includes it.
 
 from __future__ import annotations
 
-from .task import ANSWER_MARK, CHECK_WORD, VERDICT_NO, VERDICT_OK
+from .task import ANSWER_MARK, CHECK_WORD, VERDICT_NO, VERDICT_OK, VERSUS
 
 BOS, START, END, EOT, PAD, UNK = (
     "<|begin_of_text|>",
@@ -20,8 +20,9 @@ BOS, START, END, EOT, PAD, UNK = (
 )
 SPECIALS = [PAD, BOS, START, END, EOT, UNK]
 
-#: The system prompt the model is trained with (also SAR's question-free context).
-SYSTEM_PROMPT = "add the numbers step by step and check the sum"
+#: The model is trained without a system prompt, so SAR's question-removed prompt ``q0`` is the
+#: chat template around an empty user turn.
+SYSTEM_PROMPT = None
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
@@ -29,7 +30,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
 
-_WORDS = ["system", "user", "assistant", CHECK_WORD, VERDICT_OK, VERDICT_NO] + SYSTEM_PROMPT.split()
+_WORDS = ["system", "user", "assistant", CHECK_WORD, VERSUS, VERDICT_OK, VERDICT_NO]
 _SYMBOLS = list("0123456789") + ["+", "-", "=", ";", ANSWER_MARK, " ", "\n"]
 
 
@@ -64,10 +65,7 @@ def build_tokenizer():
 
 def messages(question: str, with_question: bool = True) -> list[dict]:
     """The chat of a problem; without the question (SAR's ``q0``) the user turn is empty."""
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": question if with_question else ""},
-    ]
+    return [{"role": "user", "content": question if with_question else ""}]
 
 
 def prompt_ids(tokenizer, question: str, with_question: bool = True) -> list[int]:

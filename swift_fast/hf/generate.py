@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from ..head import SwiftHead
-from . import _ops
+from ..kernels.streaming import finish_, project_layer_, scores_from_state
 from .features import decoder_parts, state_hooks, state_indices
 from .scoring import check_head
 
@@ -180,7 +180,7 @@ class GenerationScorer:
             return
         x = h[:, -1, :]
         if self.projection == "layer":
-            _ops.project_(self._steps[-1], x, self._w[slot])
+            project_layer_(self._steps[-1], x, None, self._w[slot])
             return
         # "step": keep the step's last-position row of each selected state ([B, d]; a decoding
         # step's layer outputs are fresh [B, 1, d] tensors that nothing modifies in place, so a
@@ -224,7 +224,7 @@ class GenerationScorer:
             z = torch.stack(self._steps[:gen_len])
         t = torch.arange(gen_len, device=z.device)[:, None]
         mask = t < lengths.to(z.device)[None, :]
-        return _ops.gated_scores(z, self._bias, mask).cpu()
+        return _gated_scores(z, self._bias, mask).cpu()
 
     def _generated_count(self, seqs: torch.Tensor) -> int:
         if not self._steps or self._prompt_mask is None:
@@ -313,3 +313,18 @@ class GenerationScorer:
 def generate_with_scores(model: nn.Module, head: SwiftHead, *args, **kwargs):
     """``model.generate`` that also returns each returned sequence's SWIFT score: ``(output, scores[B])``."""
     return GenerationScorer(model, head).generate(*args, **kwargs)
+
+
+def _gated_scores(z: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Scores from per-step projections through the streaming ``finish_`` op.
+
+    ``z``: ``[S, B, rows]`` projections without bias; ``mask``: bool ``[S, B]``, True where the
+    step's token belongs to row b's response. Returns ``[B]`` float32.
+    """
+    s, b = mask.shape
+    acc = z.reshape(s * b, -1).float().contiguous()  # a fresh stack: finish_ may zero it
+    rows = torch.arange(b, device=z.device).expand(s, b)
+    slots = torch.where(mask, rows, torch.full_like(rows, -1)).reshape(-1)
+    state = torch.zeros((b, 3), dtype=torch.float32, device=z.device)
+    finish_(acc, bias.float(), slots, state)
+    return scores_from_state(state)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..head import SwiftHead
-from . import _ops
+from ..kernels.streaming import finish_, project_layer_, scores_from_state
 from .features import (
     as_token_lists,
     check_spans,
@@ -75,14 +75,14 @@ def swift_scores(
         acc = torch.zeros((max(n, 1), 2), dtype=torch.float32, device=device)
 
         def consume(slot, x, ch, acc=acc):
-            _ops.project_(acc[ch], x, w_layers[slot])
+            project_layer_(acc[ch], x, None, w_layers[slot])
 
         cu = forward_scored_rows(parts, bseqs, bplens, head.alignment, indices, head.feature, consume, pad)
         state = torch.zeros((len(idx), 3), dtype=torch.float32, device=device)
         if n:
             slots = torch.repeat_interleave(torch.arange(len(idx), device=device), cu[1:] - cu[:-1])
-            _ops.finish_(acc, bias, slots, state)
-        out[torch.tensor(idx)] = _ops.scores_from_state(state).cpu()
+            finish_(acc, bias, slots, state)
+        out[torch.tensor(idx)] = scores_from_state(state).cpu()
         if bar is not None:
             bar.update(len(idx))
     if bar is not None:
