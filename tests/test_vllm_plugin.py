@@ -424,12 +424,12 @@ def test_memory_stays_flat_over_many_requests(llama):
 
 # -- Qwen2: in-process engine core -------------------------------------------------------------
 def test_in_process_engine_scores_match_hf(qwen):
-    from swift_fast.vllm_plugin import head_digest
+    from swift_fast.files import sha256_of
 
     llm, head, ref = qwen
     assert type(llm.llm_engine.engine_core).__name__ == "InprocClient"
     section = llm.llm_engine.vllm_config.additional_config["swift_fast"]
-    assert section["_head_sha256"] == head_digest(section["head"])  # compile caches are keyed on it
+    assert section["_head_sha256"] == sha256_of(section["head"])  # compile caches are keyed on it
     prompts = [ref.prompt(t) for t in TEXTS]
     res = llm.generate(tokens(prompts), sp(n=2, max_tokens=14))
     O = assert_scores(ref, head, res, prompts)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..files import sha256_of
 from ..head import SwiftHead, model_fingerprint, resolve_layers
 from ..training import DEFAULT_ALPHA, GROUP_LOSSES, LOSSES, Example, TrainResult, split_by_problem, train_head
 from .features import decoder_parts, extract_features
@@ -135,14 +136,6 @@ class HFFeatureSource:
         return self.cache.read(keys, self.parts.device)
 
 
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _data_digest(seqs: RolloutSequences) -> str:
     h = hashlib.sha256()
     for s, p in zip(seqs.sequences, seqs.prompt_lengths):
@@ -235,7 +228,7 @@ def train_from_rollouts(
         "swift_fast": __version__,
         "data": {
             "path": data_path,
-            "sha256": _file_sha256(data_path) if data_path else None,
+            "sha256": sha256_of(data_path) if data_path else None,
             "problems": len(set(pid)),
             "candidates": len(keep),
             "skipped_empty": skipped,

@@ -61,7 +61,6 @@ as ``model.model.layers`` + ``model.model.norm`` (Llama, Qwen2/3, Mistral and ki
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 
@@ -89,16 +88,9 @@ def _configured(vllm_config):
 
 
 # -- front end: start-up checks ---------------------------------------------------------------
-def head_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def prepare_config(vllm_config) -> None:
     """Validate the configured head against the model and pin its digest into the config."""
+    from ..files import sha256_of
     from .config import KEY, check_engine, plugin_config
 
     cfg = plugin_config(vllm_config)
@@ -113,7 +105,7 @@ def prepare_config(vllm_config) -> None:
         section = {"head": section}
     section = dict(section)
     section["head"] = cfg.head_path
-    section["_head_sha256"] = head_digest(cfg.head_path)
+    section["_head_sha256"] = sha256_of(cfg.head_path)
     vllm_config.additional_config[KEY] = section
     if vllm_config.use_v2_model_runner:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
