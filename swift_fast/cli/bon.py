@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from .collect import add_generation_args
+
 DESCRIPTION = """\
 Generate N candidates per problem in one vLLM run with a SWIFT head attached (the scores are
 computed while the tokens are generated: no second pass, no reward model), grade them, and
@@ -35,26 +37,16 @@ def add_parser(sub, name, help_):
     p.add_argument("--model", required=True, help="Hugging Face model name or path")
     p.add_argument("--head", required=True, help="SWIFT head file trained for this model")
     p.add_argument("--data", required=True, help="dataset file or name (GSM8K, MATH-500, AQuA or generic JSONL)")
-    p.add_argument("--n", type=int, default=16, help="candidates per problem (default 16)")
     p.add_argument("--out", help="rollout JSONL (default: bon-<data>-n<N>.jsonl in the current folder)")
     p.add_argument("--sar", action="store_true", help="also compute SAR and report SAR and its combinations with SWIFT")
     p.add_argument("--sar-system-prompt", help="system prompt of SAR's question-removed prompt (default: SAR's)")
-    p.add_argument("--limit", type=int, help="first LIMIT problems only")
-    p.add_argument("--kind", help="grading kind for every problem (math, choice, boolean, literal)")
-    p.add_argument("--template", help="prompt template name or text with {question} (default: by dataset)")
-    p.add_argument("--system", help="system prompt of the generation prompts (default: the template's)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (default 0.9)")
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="most new tokens per candidate (default 1024)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--chunk", type=int, default=64, help="problems per engine call, written together (default 64)")
+    add_generation_args(p, n=16)
     p.add_argument("--dtype", default="auto", help="model dtype (default auto)")
     p.add_argument("--ks", help="comma-separated k values (default: 1, 2, 4, ... N)")
     p.add_argument("--plot", help="PNG path (default: <out>.bon.png); 'none' to skip")
     p.add_argument("--json", help="summary JSON path (default: <out>.summary.json)")
     p.add_argument("--vllm", action="append", default=[], metavar="KEY=VALUE",
                    help="extra vllm.LLM argument (value parsed as JSON when it can be), repeatable")
-    p.add_argument("--grade-timeout", type=float, default=5.0, help="seconds per math answer before it counts as wrong")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the intervals (default 2000)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p

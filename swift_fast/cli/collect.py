@@ -30,26 +30,31 @@ def add_parser(sub, name, help_):
     p.add_argument("--model", required=True, help="Hugging Face model name or path")
     p.add_argument("--data", required=True, help="dataset file or name (GSM8K, MATH-500, AQuA or generic JSONL)")
     p.add_argument("--out", required=True, help="rollout JSONL to write (resumed when it exists)")
-    p.add_argument("--n", type=int, default=8, help="candidates per problem (default 8)")
-    p.add_argument("--limit", type=int, help="first LIMIT problems only")
-    p.add_argument("--kind", help="grading kind for every problem (math, choice, boolean, literal)")
-    p.add_argument("--template", help="prompt template name or text with {question} (default: by dataset)")
-    p.add_argument("--system", help="system prompt (default: the template's, none for the paper's)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (default 0.9)")
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="most new tokens per candidate (default 1024)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    add_generation_args(p, n=8)
     p.add_argument("--engine", choices=("auto", "vllm", "transformers"), default="auto", help="generation engine (default auto)")
-    p.add_argument("--chunk", type=int, default=64, help="problems per engine call, written together (default 64)")
     p.add_argument("--dtype", default="auto", help="model dtype (default auto)")
     p.add_argument("--device", default="auto", help="transformers engine: auto, cpu, cuda, ...")
     p.add_argument("--gpu-memory-utilization", type=float,
                    help="vLLM memory share (default 0.9 on a GPU, 0.3 on the CPU where it means host memory)")
     p.add_argument("--enforce-eager", choices=("auto", "yes", "no"), default="auto",
                    help="vLLM without torch.compile/CUDA graphs (auto: yes on the CPU, no on a GPU)")
-    p.add_argument("--grade-timeout", type=float, default=5.0, help="seconds per math answer before it counts as wrong")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def add_generation_args(p, n: int) -> None:
+    """Options shared by the commands that sample and grade candidates (`collect`, `bon`)."""
+    p.add_argument("--n", type=int, default=n, help=f"candidates per problem (default {n})")
+    p.add_argument("--limit", type=int, help="first LIMIT problems only")
+    p.add_argument("--kind", help="grading kind for every problem (math, choice, boolean, literal)")
+    p.add_argument("--template", help="prompt template name or text with {question} (default: by dataset)")
+    p.add_argument("--system", help="system prompt of the generation prompts (default: the template's; none for the paper's)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (default 0.9)")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="most new tokens per candidate (default 1024)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--chunk", type=int, default=64, help="problems per engine call, written together (default 64)")
+    p.add_argument("--grade-timeout", type=float, default=5.0, help="seconds per math answer before it counts as wrong")
 
 
 def run(args) -> int:
