@@ -22,6 +22,9 @@ _EXPORTS = {
     "perplexity": "sar",
     "sar_reward": "sar",
     "rl_reward": "sar",
+    "sar_from_logits": "sar",
+    "sar_from_hidden": "sar",
+    "token_logprobs": "sar",
     "DEFAULT_SYSTEM_PROMPT": "sar",
     # Best-of-N
     "bon_select": "bon",
