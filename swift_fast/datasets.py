@@ -28,9 +28,11 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, TypeVar
 
 from .grading import CHOICE_LETTERS, KINDS
+
+T = TypeVar("T")
 
 
 class DataError(ValueError):
@@ -222,13 +224,68 @@ def load_dataset(
     folder = os.path.basename(os.path.dirname(os.path.abspath(path)))
 
     out: list[Example] = []
-    skipped = 0
+    st: dict = {} if stats is None else stats
+    skipped_before = st.get("skipped", 0)
     fmt = format
     seen_ids: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+
+    def parse(row: dict, where: str, lineno: int) -> Example:
+        nonlocal fmt
+        if fmt is None:
+            fmt = detect_format(row)
+            if fmt is None:
+                raise DataError(
+                    f"{where}: cannot tell the format from the fields {sorted(row)}; expected GSM8K "
+                    "(question, answer with '#### N'), MATH-500 (problem, answer), AQuA (question, options, "
+                    "correct) or generic (prompt, answer); or pass format="
+                )
+        try:
+            question, reference, row_kind, extra = _PARSERS[fmt](row)
+        except _RowError as e:
+            raise DataError(f"{where}: {e}") from None
+        ds = name or (row.get("dataset") if fmt == "generic" and isinstance(row.get("dataset"), str) else None)
+        ds = ds or (fmt if fmt != "generic" else (folder if stem == "test" else stem))
+        if fmt == "generic":
+            prefix = name or (folder if stem == "test" else stem)
+        else:
+            prefix = ds if stem in ("test", ds) else f"{ds}-{stem}"
+        if fmt == "generic" and row.get("id") is not None:
+            ex_id = str(row["id"])
+        else:
+            ex_id = f"{prefix}/{lineno - 1}"
+        if ex_id in seen_ids:
+            raise DataError(f"{where}: duplicate id {ex_id!r}; ids must be unique within a file")
+        seen_ids.add(ex_id)
+        return Example(
+            id=ex_id, question=question, reference=reference, kind=kind or row_kind or "math", dataset=ds, extra=extra
+        )
+
+    if limit != 0:
+        for ex in read_jsonl(path, parse, skip_bad=skip_bad, stats=st):
+            out.append(ex)
             if limit is not None and len(out) >= limit:
                 break
+    skipped = st.get("skipped", 0) - skipped_before
+    if not out and limit != 0:
+        raise DataError(f"{path}: no usable examples" + (f" ({skipped} malformed rows skipped)" if skipped else ""))
+    st["loaded"] = st.get("loaded", 0) + len(out)
+    return out
+
+
+def read_jsonl(
+    path: str,
+    parse: Callable[[dict, str, int], T],
+    skip_bad: bool = False,
+    stats: dict | None = None,
+) -> Iterator[T]:
+    """``parse(row, "file:line", lineno)`` for each JSON-object line of ``path``, in order.
+
+    A line that is not a JSON object, or whose ``parse`` raises ``DataError``, stops the read
+    with that error; with ``skip_bad`` it is skipped and counted in ``stats["skipped"]`` (the
+    messages in ``stats["errors"]``). Blank lines are ignored.
+    """
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
@@ -236,53 +293,15 @@ def load_dataset(
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); each line must be one JSON object") from None
+                    raise DataError(
+                        f"{where}: invalid JSON ({e.msg} at column {e.colno}); each line must be one JSON object"
+                    ) from None
                 if not isinstance(row, dict):
                     raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-                if fmt is None:
-                    fmt = detect_format(row)
-                    if fmt is None:
-                        raise DataError(
-                            f"{where}: cannot tell the format from the fields {sorted(row)}; expected GSM8K "
-                            "(question, answer with '#### N'), MATH-500 (problem, answer), AQuA (question, options, "
-                            "correct) or generic (prompt, answer); or pass format="
-                        )
-                try:
-                    question, reference, row_kind, extra = _PARSERS[fmt](row)
-                except _RowError as e:
-                    raise DataError(f"{where}: {e}") from None
-                ds = name or (row.get("dataset") if fmt == "generic" and isinstance(row.get("dataset"), str) else None)
-                ds = ds or (fmt if fmt != "generic" else (folder if stem == "test" else stem))
-                if fmt == "generic":
-                    prefix = name or (folder if stem == "test" else stem)
-                else:
-                    prefix = ds if stem in ("test", ds) else f"{ds}-{stem}"
-                if fmt == "generic" and row.get("id") is not None:
-                    ex_id = str(row["id"])
-                else:
-                    ex_id = f"{prefix}/{lineno - 1}"
-                if ex_id in seen_ids:
-                    raise DataError(f"{where}: duplicate id {ex_id!r}; ids must be unique within a file")
-                seen_ids.add(ex_id)
-                out.append(
-                    Example(
-                        id=ex_id,
-                        question=question,
-                        reference=reference,
-                        kind=kind or row_kind or "math",
-                        dataset=ds,
-                        extra=extra,
-                    )
-                )
+                yield parse(row, where, lineno)
             except DataError as e:
                 if not skip_bad:
                     raise
-                skipped += 1
                 if stats is not None:
                     stats["skipped"] = stats.get("skipped", 0) + 1
                     stats.setdefault("errors", []).append(str(e))
-    if not out and limit != 0:
-        raise DataError(f"{path}: no usable examples" + (f" ({skipped} malformed rows skipped)" if skipped else ""))
-    if stats is not None:
-        stats["loaded"] = stats.get("loaded", 0) + len(out)
-    return out

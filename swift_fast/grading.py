@@ -22,9 +22,9 @@ ending the response, for booleans; the further fallbacks above (answer phrases, 
 
 Timeouts. math-verify bounds its own work with ``signal.alarm``, which only works on the main
 thread of the main interpreter. Here those timeouts are always off (``parsing_timeout=None``,
-``timeout_seconds=None``) and math answers are graded in a few persistent helper processes
+``timeout_seconds=None``) and math answers are graded in a few persistent worker processes
 instead: a result that is later than ``timeout`` seconds counts as wrong (no answer), and the
-helper is killed and replaced. The helpers are started with ``subprocess`` rather than
+worker is killed and replaced. The workers are started with ``subprocess`` rather than
 ``multiprocessing``, so grading also works inside daemonic ``multiprocessing`` workers (which
 may not have children of their own) and from any thread. ``timeout=None`` grades in the
 calling process with no limit. The other kinds are plain text rules and run in-process.
@@ -52,8 +52,8 @@ log = logging.getLogger(__name__)
 
 KINDS = ("math", "choice", "boolean", "literal")
 DEFAULT_TIMEOUT = 5.0  # seconds per math answer, math-verify's own default
-STARTUP_TIMEOUT = 120.0  # a helper imports sympy and math-verify (about a second) before its first answer
-CHUNK = 32  # answers handed to a helper at a time; small enough to balance helpers, large enough to pipeline
+STARTUP_TIMEOUT = 120.0  # a worker imports sympy and math-verify (about a second) before its first answer
+CHUNK = 32  # answers handed to a worker at a time; small enough to balance workers, large enough to pipeline
 CHOICE_LETTERS = "ABCDE"
 
 
@@ -66,7 +66,7 @@ class Judgement:
     """Outcome of grading one response.
 
     ``answer`` is the extracted final answer in canonical string form (None when none was
-    found); ``status`` is "ok", "timeout" (the math helper ran past the limit), "crash" (it
+    found); ``status`` is "ok", "timeout" (the math worker ran past the limit), "crash" (it
     died) or "error: ..." (an unexpected exception; ``correct`` is False).
     """
 
@@ -104,7 +104,7 @@ def grade_many(
     workers: int | None = None,
     stats: dict | None = None,
 ) -> list[bool]:
-    """``grade`` over many responses at once, math answers spread over ``workers`` helpers.
+    """``grade`` over many responses at once, math answers spread over ``workers`` worker processes.
 
     ``kind`` is one kind for all or one per response. Identical (response, reference, kind)
     triples are graded once. ``stats`` (a dict) receives counts: "graded", "timeouts",
@@ -139,7 +139,7 @@ def judge_many(
 
 
 def warm_up(workers: int | None = None) -> None:
-    """Start the math helpers now (each takes about a second to import sympy and math-verify)."""
+    """Start the math workers now (each takes about a second to import sympy and math-verify)."""
     n = workers or default_workers()
     pool = _pool()
     got = [pool.acquire(n) for _ in range(n)]
@@ -148,7 +148,7 @@ def warm_up(workers: int | None = None) -> None:
 
 
 def shutdown() -> None:
-    """Stop the math helpers of this process (they are also stopped at exit)."""
+    """Stop the math workers of this process (they are also stopped at exit)."""
     p = _POOL
     if p is not None and p.pid == os.getpid():
         p.shutdown()
@@ -444,7 +444,7 @@ def _judge_text(op: str, kind: str, response: str, ref) -> Judgement:
 
 
 # --------------------------------------------------------------------------------------------
-# math rules (run inside the helper processes, or in-process with timeout=None)
+# math rules (run inside the worker processes, or in-process with timeout=None)
 
 _MV = None
 
@@ -527,18 +527,18 @@ def _judge_math_safe(op, response, reference) -> Judgement:
 
 
 # --------------------------------------------------------------------------------------------
-# helper processes
+# worker processes
 
 
 def _serve() -> None:
-    """Helper process main loop: one JSON request per stdin line, one JSON result per stdout line."""
+    """Worker process main loop: one JSON request per stdin line, one JSON result per stdout line."""
     proto = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints from libraries go to stderr, never into the protocol stream
     sys.stdout = sys.stderr
     ppid = os.getppid()
 
     def watch_parent():
-        # A parent killed with SIGKILL cannot stop its helpers; they notice and leave.
+        # A parent killed with SIGKILL cannot stop its workers; they notice and leave.
         while os.getppid() == ppid:
             time.sleep(1.0)
         os._exit(0)
@@ -559,12 +559,12 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from swift_fast.grading import _serve; _serve()"
 
 
-class _HelperFailed(RuntimeError):
+class _WorkerFailed(RuntimeError):
     pass
 
 
-class _Helper:
-    """One helper process, used by one thread at a time."""
+class _Worker:
+    """One worker process, used by one thread at a time."""
 
     def __init__(self):
         self.proc = subprocess.Popen(
@@ -572,7 +572,7 @@ class _Helper:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
-            # Own session: Ctrl-C in a terminal goes to the caller, which then stops its helpers.
+            # Own session: Ctrl-C in a terminal goes to the caller, which then stops its workers.
             start_new_session=True,
         )
         self.rfd = self.proc.stdout.fileno()
@@ -587,7 +587,7 @@ class _Helper:
 
         Returns the results received and None, or the results received before a failure and
         "timeout" (the next result was more than ``timeout`` seconds late) or "crash". Raises
-        ``_HelperFailed`` when the helper never became ready.
+        ``_WorkerFailed`` when the worker never became ready.
         """
         data = memoryview(b"".join(requests))
         sent = 0
@@ -602,7 +602,7 @@ class _Helper:
                 wait = deadline - time.monotonic()
                 if wait <= 0:
                     if not self.ready:
-                        raise _HelperFailed(f"the math grading helper did not start within {STARTUP_TIMEOUT:.0f}s")
+                        raise _WorkerFailed(f"the math grading worker did not start within {STARTUP_TIMEOUT:.0f}s")
                     return got, "timeout"
                 for key, _ in sel.select(wait):
                     if key.fd == self.wfd:
@@ -636,8 +636,8 @@ class _Helper:
     def _died(self, got):
         if not self.ready:
             code = self.proc.wait()
-            raise _HelperFailed(
-                f"the math grading helper exited during start-up (exit code {code}); its error is above. "
+            raise _WorkerFailed(
+                f"the math grading worker exited during start-up (exit code {code}); its error is above. "
                 "Check that math-verify imports: python -c 'import math_verify'"
             )
         return got, "crash"
@@ -659,25 +659,25 @@ class _Helper:
 
 
 class _Pool:
-    """Persistent helpers of this process; threads check one out, use it, and give it back."""
+    """Persistent workers of this process; threads check one out, use it, and give it back."""
 
     def __init__(self):
         self.pid = os.getpid()
         self.cond = threading.Condition()
-        self.idle: list[_Helper] = []
-        self.live: set[_Helper] = set()
+        self.idle: list[_Worker] = []
+        self.live: set[_Worker] = set()
 
-    def acquire(self, limit: int) -> _Helper:
+    def acquire(self, limit: int) -> _Worker:
         with self.cond:
             while not self.idle and len(self.live) >= limit:
                 self.cond.wait()
             if self.idle:
                 return self.idle.pop()
-            h = _Helper()
+            h = _Worker()
             self.live.add(h)
             return h
 
-    def release(self, h: _Helper) -> None:
+    def release(self, h: _Worker) -> None:
         with self.cond:
             if h.proc.poll() is None and h in self.live:
                 self.idle.append(h)
@@ -685,19 +685,19 @@ class _Pool:
                 self._drop(h)
             self.cond.notify()
 
-    def discard(self, h: _Helper) -> None:
+    def discard(self, h: _Worker) -> None:
         with self.cond:
             self._drop(h)
             self.cond.notify()
 
-    def replace(self, h: _Helper) -> _Helper:
+    def replace(self, h: _Worker) -> _Worker:
         with self.cond:
             self._drop(h)
-            new = _Helper()
+            new = _Worker()
             self.live.add(new)
             return new
 
-    def _drop(self, h: _Helper) -> None:
+    def _drop(self, h: _Worker) -> None:
         self.live.discard(h)
         h.kill()
 
@@ -725,7 +725,7 @@ def _pool() -> _Pool:
 
 
 def _after_fork_in_child() -> None:
-    # The parent's helpers belong to the parent: forget them (closing our copies of their pipes)
+    # The parent's workers belong to the parent: forget them (closing our copies of their pipes)
     # and start fresh ones on demand.
     global _POOL, _POOL_LOCK
     p, _POOL, _POOL_LOCK = _POOL, None, threading.Lock()
@@ -770,12 +770,12 @@ def _run_math(op: str, items: list[tuple[str, str | None]], timeout: float | Non
                     if failure is None:
                         break
                     # The answer in progress is the one that failed: it gets its verdict and the
-                    # rest of the chunk goes to a fresh helper.
+                    # rest of the chunk goes to a fresh worker.
                     results[idx[len(got)]] = Judgement(False, None, failure)
                     idx = idx[len(got) + 1 :]
                     h = pool.replace(h)
         finally:
-            # A helper left mid-exchange (an exception, Ctrl-C) may still answer old requests:
+            # A worker left mid-exchange (an exception, Ctrl-C) may still answer old requests:
             # it is never handed out again.
             if clean:
                 pool.release(h)

@@ -50,11 +50,12 @@ def gather(problems: Sequence[Problem], score_keys: Sequence[str] = (), n: int |
     correct, answers = [], []
     cols: dict[str, list[list[float]]] = {k: [] for k in score_keys}
     for p in problems:
+        loc = p.where or where  # file:line when the problem was read from a file
         row_c, row_a = [], []
         for i, c in enumerate(p.candidates[:n]):
             if c.get("correct") is None:
                 raise DataError(
-                    f"{where}: problem {p.id!r} candidate {i} has no 'correct' field: grade the candidates first "
+                    f"{loc}: problem {p.id!r} candidate {i} has no 'correct' field: grade the candidates first "
                     "(`swift-fast eval --grade` grades them from their text and the problem's reference)"
                 )
             row_c.append(bool(c["correct"]))
@@ -66,6 +67,10 @@ def gather(problems: Sequence[Problem], score_keys: Sequence[str] = (), n: int |
             vals = []
             for i, c in enumerate(p.candidates[:n]):
                 v = c.get(k)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                    raise DataError(
+                        f"{loc}: problem {p.id!r} candidate {i}: score {k!r} must be a number or null, got {v!r}"
+                    )
                 vals.append(float("nan") if v is None else float(v))
             cols[k].append(vals)
     for k in score_keys:

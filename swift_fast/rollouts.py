@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from .datasets import DataError
+from .datasets import DataError, read_jsonl
 
 
 @dataclass
@@ -86,23 +86,7 @@ def iter_rollouts(path: str | os.PathLike, skip_bad: bool = False, stats: dict |
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise DataError(f"no rollout file at {path}")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                try:
-                    d = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-                yield Problem.from_json(d, where)
-            except DataError as e:
-                if not skip_bad:
-                    raise
-                if stats is not None:
-                    stats["skipped"] = stats.get("skipped", 0) + 1
-                    stats.setdefault("errors", []).append(str(e))
+    yield from read_jsonl(path, lambda row, where, _: Problem.from_json(row, where), skip_bad=skip_bad, stats=stats)
 
 
 def read_rollouts(path: str | os.PathLike, skip_bad: bool = False, stats: dict | None = None) -> list[Problem]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels.swift_reduce import segment_sums
+from .kernels.sar_from_logits import mean_logprob, sar_from_means, sar_reference  # noqa: F401 (public here)
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a reasoning expert assistant. Given a question, you will use your reasoning skills "
@@ -21,26 +21,9 @@ DEFAULT_SYSTEM_PROMPT = (
 DEFAULT_ALPHA = 0.2
 
 
-def mean_logprob(token_logprobs: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Per-segment mean of ``token_logprobs[T]`` (float32 ``[B]``; 0 for an empty segment)."""
-    cu = cu_seqlens.to(device=token_logprobs.device, dtype=torch.long)
-    n = (cu[1:] - cu[:-1]).to(torch.float32)
-    return segment_sums(token_logprobs.float(), cu) / n.clamp(min=1)
-
-
 def perplexity(token_logprobs: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """``exp(-mean log p)`` per segment: ``[B]`` float32 (1 for an empty segment)."""
     return torch.exp(-mean_logprob(token_logprobs, cu_seqlens))
-
-
-def sar_from_means(mean_with_question: torch.Tensor, mean_without_question: torch.Tensor) -> torch.Tensor:
-    """``R_SA`` from the two per-answer mean log-probs.
-
-    ``(ppl(a) - ppl(a|q)) / ppl(a) = 1 - exp(m0 - mq)``, computed with ``expm1`` so that large
-    perplexities neither overflow nor cancel.
-    """
-    r = -torch.expm1(mean_without_question.float() - mean_with_question.float())
-    return r.clamp(-1.0, 1.0)
 
 
 def sar_reward(
@@ -62,7 +45,7 @@ def sar_reward(
             f"both passes must score the same answer tokens: {tuple(logp_with_question.shape)} vs "
             f"{tuple(logp_without_question.shape)}"
         )
-    return sar_from_means(mean_logprob(logp_with_question, cu_seqlens), mean_logprob(logp_without_question, cu_seqlens))
+    return sar_reference(logp_with_question, logp_without_question, cu_seqlens)
 
 
 def sar_from_logits(

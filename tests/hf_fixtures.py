@@ -49,3 +49,15 @@ def eos_prone_model_dir(tmp_path_factory, eos_logit: float = 4.0) -> str:
     with open(stamp, "w") as f:
         json.dump({"eos_logit": eos_logit}, f)
     return dst
+
+
+def random_head(width: int, layers, alignment: str, feature: str = "hidden", gate: bool = True, seed: int = 0):
+    """A SWIFT head with seeded random weights (std 0.3) and bias, so scores are far from trivial."""
+    from swift_fast.head import SwiftHead
+
+    head = SwiftHead(width, layers, gate=gate, alignment=alignment, feature=feature)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=g) * 0.3)
+        head.bias.copy_(torch.randn(head.bias.shape, generator=g))
+    return head

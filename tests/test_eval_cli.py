@@ -86,6 +86,19 @@ def test_missing_correctness_and_scores_are_explained(tmp_path):
         report.gather(_problems(), ["nope"])
 
 
+def test_bad_rows_in_a_rollout_file_are_named_by_file_and_line(tmp_path):
+    f = tmp_path / "r.jsonl"
+    ps = _problems()
+    ps[2].candidates[1]["swift_score"] = "high"
+    write_rollouts(f, ps)
+    with pytest.raises(DataError, match=rf"{f}:3: problem 'p2' candidate 1: score 'swift_score' must be a number"):
+        report.gather(read_rollouts(f), ["swift_score"], where=str(f))
+    del ps[2].candidates[1]["correct"]
+    write_rollouts(f, ps)
+    with pytest.raises(DataError, match=rf"{f}:3: problem 'p2' candidate 1 has no 'correct' field"):
+        report.gather(read_rollouts(f), ["swift_score"], where=str(f))
+
+
 def test_rollout_writer_resumes_after_a_torn_line(tmp_path):
     f = tmp_path / "r.jsonl"
     with RolloutWriter(f) as w:

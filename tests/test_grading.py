@@ -234,7 +234,7 @@ def test_judge_many_matches_grade_and_extract(math500):
     assert all(j.status == "ok" for j in js)
 
 
-def test_in_process_path_agrees_with_helpers(math500):
+def test_in_process_path_agrees_with_worker_processes(math500):
     responses = [e.extra["solution"] for e in math500[:15]] + [r"\boxed{3.5}", r"\boxed{7/2}", r"\boxed{4}"]
     refs = [e.reference for e in math500[:15]] + [r"\frac72"] * 3
     kinds = ["math"] * len(responses)
@@ -268,7 +268,7 @@ def test_timeout_from_a_thread():
     assert stats["timeouts"] == 1
     j = judge_many([PATHOLOGICAL], ["5"], timeout=0.3)[0]
     assert (j.correct, j.answer, j.status) == (False, None, "timeout")
-    assert grade(r"\boxed{5}", "5")  # the pool still serves after replacing the stuck helper
+    assert grade(r"\boxed{5}", "5")  # the pool still serves after replacing the stuck worker
 
 
 def _grade_in_worker(args):
@@ -282,16 +282,16 @@ def test_timeout_inside_a_daemonic_worker_process():
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
         daemon, got = pool.apply(_grade_in_worker, (([PATHOLOGICAL, r"\boxed{5}"], ["5", "5"], 0.5),))
-    assert daemon  # such workers may not start multiprocessing children: the helpers are subprocesses
+    assert daemon  # such workers may not start multiprocessing children: the grading workers are subprocesses
     assert got == [False, True]
 
 
-def test_a_helper_that_dies_is_counted_and_replaced():
-    assert grade(r"\boxed{2}", "2")  # a ready helper
+def test_a_worker_that_dies_is_counted_and_replaced():
+    assert grade(r"\boxed{2}", "2")  # a ready worker
     stats, out = {}, []
     t = threading.Thread(target=lambda: out.append(grade_many([PATHOLOGICAL, r"\boxed{5}"], ["5", "5"], workers=1, timeout=60, stats=stats)))
     t.start()
-    t.join(1.0)  # the helper is now inside the pathological answer
+    t.join(1.0)  # the worker is now inside the pathological answer
     for h in list(grading._pool().live):
         if h not in grading._pool().idle:
             h.proc.kill()

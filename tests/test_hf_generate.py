@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_fixtures import eos_prone_model_dir, tiny_model_dir
+from hf_fixtures import eos_prone_model_dir, random_head, tiny_model_dir
 
 from swift_fast.head import SwiftHead
 from swift_fast.hf import GenerationError, GenerationScorer, generate_with_scores, response_lengths, swift_scores
@@ -23,12 +23,7 @@ def eos_model(tmp_path_factory):
 
 def _head(model, layers, alignment, feature="hidden", gate=True, seed=0):
     width = model.config.vocab_size if feature == "logits" else model.config.hidden_size
-    head = SwiftHead(width, layers, gate=gate, alignment=alignment, feature=feature)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        head.weight.copy_(torch.randn(head.weight.shape, generator=g) * 0.3)
-        head.bias.copy_(torch.randn(head.bias.shape, generator=g))
-    return head
+    return random_head(width, layers, alignment, feature, gate, seed)
 
 
 def _prompts(tok):

@@ -4,7 +4,7 @@ against a float64 computation written here from ``output_hidden_states``."""
 import pytest
 import torch
 
-from hf_fixtures import FAMILIES, tiny_model_dir
+from hf_fixtures import FAMILIES, random_head, tiny_model_dir
 
 from swift_fast.head import HeadError, SwiftHead
 from swift_fast.hf import UnsupportedModelError, extract_features, swift_scores
@@ -48,15 +48,6 @@ def _direct_score(hs, logits, weight, bias, layers, alignment, p, n, gate=True):
     return float((g * r).sum() / torch.clamp(g.sum(), min=1e-8))
 
 
-def _random_head(width, layers, alignment, feature="hidden", gate=True, seed=0):
-    head = SwiftHead(width, layers, gate=gate, alignment=alignment, feature=feature)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        head.weight.copy_(torch.randn(head.weight.shape, generator=g) * 0.3)
-        head.bias.copy_(torch.randn(head.bias.shape, generator=g))
-    return head
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_swift_scores_match_float64_output_hidden_states(tmp_path_factory, family):
     model, tok = _load(tiny_model_dir(tmp_path_factory, family))
@@ -76,7 +67,7 @@ def test_swift_scores_match_float64_output_hidden_states(tmp_path_factory, famil
     cases += [(None, al, "logits", True) for al in ("predicting", "emitted")]
     for k, (sel, alignment, feature, gate) in enumerate(cases):
         width = model.config.vocab_size if feature == "logits" else model.config.hidden_size
-        head = _random_head(width, sel, alignment, feature, gate, seed=k)
+        head = random_head(width, sel, alignment, feature, gate, seed=k)
         got = swift_scores(model, head, seqs, plens, batch_size=3)
         want = torch.tensor(
             [
@@ -95,7 +86,7 @@ def test_scores_do_not_depend_on_batching_or_padding(tmp_path_factory):
     pairs = _chat_sequences(tok, torch.Generator().manual_seed(2))
     seqs = [p + r for p, r in pairs]
     plens = [len(p) for p, _ in pairs]
-    head = _random_head(model.config.hidden_size, [0, 1, 3], "predicting")
+    head = random_head(model.config.hidden_size, [0, 1, 3], "predicting")
     one_by_one = torch.cat([swift_scores(model, head, [s], [p]) for s, p in zip(seqs, plens)])
     together = swift_scores(model, head, [torch.tensor(s) for s in seqs], plens, batch_size=4)
     torch.testing.assert_close(together, one_by_one, rtol=1e-5, atol=1e-5)

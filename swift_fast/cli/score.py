@@ -81,8 +81,9 @@ def run(args) -> int:
         by_problem.setdefault(pi, []).append(k)
     system = args.system_prompt if args.system_prompt is not None else DEFAULT_SYSTEM_PROMPT
     try:
-        for a in range(0, len(todo), max(1, args.chunk)):
-            chunk = todo[a : a + args.chunk]
+        step = max(1, args.chunk)
+        for a in range(0, len(todo), step):
+            chunk = todo[a : a + step]
             keys = [k for pi in chunk for k in by_problem.get(pi, [])]
             seqs = [seqs_all.sequences[k] for k in keys]
             plens = [seqs_all.prompt_lengths[k] for k in keys]

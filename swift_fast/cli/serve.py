@@ -50,7 +50,7 @@ def vllm_argv(args) -> list[str]:
     if args.sar_system_prompt is not None:
         section["sar_system_prompt"] = args.sar_system_prompt
     PluginConfig.parse(section)  # bad combinations fail here, before vLLM starts
-    rest = [a for a in args.vllm_args if a != "--"] if args.vllm_args[:1] == ["--"] else list(args.vllm_args)
+    rest = list(args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args)
     extra: dict = {}
     out: list[str] = []
     i = 0

@@ -42,17 +42,12 @@ import torch
 from torch import nn
 
 from ..sar import DEFAULT_SYSTEM_PROMPT, sar_from_means
-from .sar import question_removed_prompt, response_token_ids, sar_rewards
+from .sar import chat_token_ids, question_removed_prompt, response_token_ids, sar_rewards
 
 
 def _trl_prompt_ids(tokenizer, prompt, chat_template_kwargs) -> list[int]:
     if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
-        ids = tokenizer.apply_chat_template(
-            list(prompt), add_generation_prompt=True, tokenize=True, return_dict=False, **(chat_template_kwargs or {})
-        )
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        return chat_token_ids(tokenizer, prompt, **(chat_template_kwargs or {}))
     if isinstance(prompt, str):
         return [int(t) for t in tokenizer(text=prompt)["input_ids"]]
     return [int(t) for t in prompt]

@@ -59,13 +59,11 @@ def vllm_available() -> bool:
 def render(tokenizer, example, template=None, system=None) -> tuple[str, list[int]]:
     """``(prompt text, prompt token ids)`` of an example: template, then the chat template."""
     from ..templates import render_prompt
+    from .sar import chat_token_ids
 
     msgs = render_prompt(example, template=template, system=system)
-    ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
     text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    return text, [int(t) for t in ids]
+    return text, chat_token_ids(tokenizer, msgs)
 
 
 class HFEngine:

@@ -16,7 +16,8 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype: str, config, device: torch.device) -> torch.dtype:
-    """``auto``: the checkpoint's dtype on a GPU, float32 on the CPU (where bf16 matmuls are slow)."""
+    """``auto``: the checkpoint's half-precision dtype on a GPU (bfloat16 for a float32 or
+    unspecified checkpoint), float32 on the CPU (where bf16 matmuls are slow)."""
     if dtype != "auto":
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected auto or one of {', '.join(DTYPES)}")

@@ -2,8 +2,8 @@
 
 The decoder stack runs without ``lm_head``; the final states of the positions that predict
 response tokens are gathered and reduced to ``log P(token)`` by the fused kernel
-(``swift_fast.kernels.token_logprobs_from_hidden``) when it is there, otherwise by a chunked
-torch path that holds at most one ``[chunk, V]`` block of logits.
+(``swift_fast.kernels.token_logprobs_from_hidden``); any other LM head (a bias, another dtype than
+the states, a LoRA or quantised wrapper) goes through its own forward in a chunked path that holds at most one ``[chunk, V]`` block of logits.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ..kernels.token_logprobs_from_hidden import token_logprobs_from_hidden
 from .features import (
     as_token_lists,
     check_spans,
@@ -25,19 +26,13 @@ from .features import (
 )
 
 
-def _kernel(name: str):
-    try:
-        from .. import kernels
-    except ImportError:  # pragma: no cover
-        return None
-    return getattr(kernels, name, None)
-
-
 def logprobs_from_hidden(hidden: torch.Tensor, lm_head: nn.Module, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """``log softmax(lm_head(hidden) / temperature)[targets]``: ``hidden [N, d]``, ``targets [N]`` -> ``[N]`` float32."""
-    fused = _kernel("token_logprobs_from_hidden")
-    if fused is not None and getattr(lm_head, "bias", None) is None and hidden.dtype == lm_head.weight.dtype:
-        return fused(hidden, lm_head.weight, targets, temperature=temperature).float()
+    # NOTE: the fused path reads ``lm_head.weight`` itself, so only a plain ``nn.Linear`` may take
+    # it: a LoRA-wrapped or quantised head computes something else than ``hidden @ weight^T``.
+    plain = isinstance(lm_head, nn.Linear) and type(lm_head).forward is nn.Linear.forward
+    if plain and lm_head.bias is None and hidden.dtype == lm_head.weight.dtype:
+        return token_logprobs_from_hidden(hidden, lm_head.weight, targets, temperature=temperature)
     out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     for ch in row_chunks(hidden.shape[0], lm_head.weight.shape[0]):
         logits = lm_head(hidden[ch]).float()

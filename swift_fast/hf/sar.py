@@ -17,6 +17,17 @@ from .features import as_token_lists
 from .logprobs import response_logprobs
 
 
+def chat_token_ids(tokenizer, messages, **chat_template_kwargs) -> list[int]:
+    """Token ids of ``messages`` rendered with the chat template and the generation prompt
+    (``apply_chat_template`` returns a list or, in some tokenizers, an encoding: both handled)."""
+    ids = tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=True, tokenize=True, return_dict=False, **chat_template_kwargs
+    )
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
 def question_removed_prompt(tokenizer, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT) -> list[int]:
     """Token ids of ``q0``: the chat template of ``[system: SYS, user: ""]`` plus the generation
     prompt (``[user: ""]`` alone when ``system_prompt`` is None)."""
@@ -28,10 +39,7 @@ def question_removed_prompt(tokenizer, system_prompt: str | None = DEFAULT_SYSTE
     msgs = ([{"role": "system", "content": system_prompt}] if system_prompt is not None else []) + [
         {"role": "user", "content": ""}
     ]
-    ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
+    return chat_token_ids(tokenizer, msgs)
 
 
 def prompt_token_ids(tokenizer, prompts, chat_template_kwargs: dict | None = None) -> list[list[int]]:
@@ -47,12 +55,7 @@ def prompt_token_ids(tokenizer, prompts, chat_template_kwargs: dict | None = Non
         if isinstance(p, str):
             out.append([int(t) for t in tokenizer(p, add_special_tokens=False)["input_ids"]])
         elif isinstance(p, (list, tuple)) and p and isinstance(p[0], dict):
-            ids = tokenizer.apply_chat_template(
-                list(p), add_generation_prompt=True, tokenize=True, return_dict=False, **(chat_template_kwargs or {})
-            )
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-            out.append([int(t) for t in ids])
+            out.append(chat_token_ids(tokenizer, p, **(chat_template_kwargs or {})))
         else:
             out.extend(as_token_lists([p], what=f"prompts[{i}]"))
         if not out[-1]:

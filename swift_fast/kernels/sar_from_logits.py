@@ -37,13 +37,26 @@ from .token_logprobs import (
 # reference
 
 
+def mean_logprob(token_logprobs: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Per-segment mean of ``token_logprobs[T]`` (float32 ``[B]``; 0 for an empty segment)."""
+    cu = cu_seqlens.to(device=token_logprobs.device, dtype=torch.long)
+    n = (cu[1:] - cu[:-1]).to(torch.float32)
+    return segment_sums(token_logprobs.float(), cu) / n.clamp(min=1)
+
+
+def sar_from_means(mean_with_question: torch.Tensor, mean_without_question: torch.Tensor) -> torch.Tensor:
+    """``R_SA`` from the two per-answer mean log-probs.
+
+    ``(ppl(a) - ppl(a|q)) / ppl(a) = 1 - exp(m0 - mq)``, computed with ``expm1`` so that large
+    perplexities neither overflow nor cancel.
+    """
+    r = -torch.expm1(mean_without_question.float() - mean_with_question.float())
+    return r.clamp(-1.0, 1.0)
+
+
 def sar_reference(logp_with_q: torch.Tensor, logp_without_q: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     """``R_SA`` per segment from per-token log-probs (float32 ``[B]``; 0 for an empty segment)."""
-    cu = cu_seqlens.to(device=logp_with_q.device, dtype=torch.long)
-    n = (cu[1:] - cu[:-1]).to(torch.float32).clamp(min=1)
-    mq = segment_sums(logp_with_q.float(), cu) / n
-    m0 = segment_sums(logp_without_q.float(), cu) / n
-    return (-torch.expm1(m0 - mq)).clamp(-1.0, 1.0)
+    return sar_from_means(mean_logprob(logp_with_q, cu_seqlens), mean_logprob(logp_without_q, cu_seqlens))
 
 
 def sar_from_logits_reference(logits_with_q, logits_without_q, targets, cu_seqlens, temperature: float = 1.0):

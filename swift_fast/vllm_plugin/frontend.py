@@ -228,6 +228,14 @@ class FrontEnd:
         if v is None or v[4] <= 0 or acc.lpn <= 0:
             logger.warning("swift-fast: SAR pass for request %s returned no log-probs (%s)", rs.external_req_id, finish_reason)
             acc.sar = math.nan
+        elif int(v[4]) != acc.lpn:
+            # both passes must cover the same answer tokens; a mean over different sets would be
+            # a plausible-looking but wrong reward
+            logger.warning(
+                "swift-fast: SAR for request %s: the question-removed pass scored %d answer tokens, the "
+                "generation %d; reporting NaN", rs.external_req_id, int(v[4]), acc.lpn,
+            )
+            acc.sar = math.nan
         else:
             acc.sar = sar_value(acc.lp / acc.lpn, v[3] / v[4])
         self.to_release.append(rs)
