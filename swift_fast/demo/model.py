@@ -7,12 +7,11 @@ same seed and settings give the same model on the same torch build.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -70,7 +69,7 @@ def llama_config(mc: ModelConfig, tokenizer):
     )
 
 
-def _batch(rng: random.Random, task_cfg: T.TaskConfig, tok, prompt_cache: dict, size: int, exclude: set[str]):
+def _batch(rng: random.Random, task_cfg: T.TaskConfig, tok, size: int, exclude: set[str]):
     seqs, starts = [], []
     while len(seqs) < size:
         terms = T.sample_terms(rng, task_cfg)
@@ -133,7 +132,7 @@ def train_model(
     t0 = time.time()
     ema = None
     for step in bar:
-        ids, labels, attn = _batch(rng, task_cfg, tok, {}, train_cfg.batch_size, exclude)
+        ids, labels, attn = _batch(rng, task_cfg, tok, train_cfg.batch_size, exclude)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         out = model(input_ids=ids, attention_mask=attn, labels=labels)

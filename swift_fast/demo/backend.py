@@ -1,0 +1,191 @@
+"""Generation backends for the demo: N sampled candidates per prompt, each with its SWIFT score
+and SAR, as rollout-file candidate dicts (``token_ids``, ``text``, ``finish_reason``,
+``swift_score``, ``sar``).
+
+``VLLMBackend`` runs the vLLM plugin (the product's path); ``HFBackend`` runs transformers
+``generate`` and scores the same token ids with ``swift_fast.hf`` (offline SWIFT scores and SAR's
+two passes). Both sample at the same settings; draws differ between them (different samplers),
+the scores of a given candidate agree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings. ``seed`` seeds torch's generator for transformers; vLLM takes its seed
+    when the engine is built (``VLLMBackend(seed=...)``)."""
+
+    n: int = 16
+    temperature: float = 1.0
+    top_p: float = 0.9
+    max_new_tokens: int = 160
+    seed: int = 0
+
+
+class Backend(Protocol):
+    name: str
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling, progress: bool = True) -> list[list[dict]]:
+        """``prompts``: token ids. Returns per prompt ``sampling.n`` candidate dicts."""
+
+    def close(self) -> None: ...
+
+
+def _candidate(tokenizer, ids: list[int], eos: int, swift: float | None, sar: float | None) -> dict:
+    return {
+        "token_ids": [int(t) for t in ids],
+        "text": tokenizer.decode(ids, skip_special_tokens=True),
+        "finish_reason": "stop" if ids and ids[-1] == eos else "length",
+        "swift_score": None if swift is None or not math.isfinite(swift) else float(swift),
+        "sar": None if sar is None or not math.isfinite(sar) else float(sar),
+    }
+
+
+@torch.no_grad()
+def hf_sample(model, tokenizer, prompts: list[list[int]], sampling: Sampling) -> list[list[list[int]]]:
+    """``sampling.n`` responses per prompt with transformers ``generate`` (prompts left-padded
+    into one batch); each response ends at its first end-of-turn token, which it keeps. Draws
+    follow torch's global generator: seed it before a sequence of calls."""
+    from ..hf.generate import response_lengths
+
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=0,
+        max_new_tokens=sampling.max_new_tokens,
+        num_return_sequences=sampling.n,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
+    gen = out[:, width:]
+    lengths = response_lengths(gen, [eos]).tolist()
+    rows = [r[:m] for r, m in zip(gen.tolist(), lengths)]
+    return [rows[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompts))]
+
+
+class HFBackend:
+    """transformers ``generate`` (batched over prompts, left-padded), then exact offline scores."""
+
+    name = "transformers"
+
+    def __init__(self, model_dir: str, head_path: str, sar_system_prompt: str | None, batch_prompts: int = 16):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from ..head import SwiftHead
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.head = SwiftHead.load(head_path)
+        self.sar_system_prompt = sar_system_prompt
+        self.batch_prompts = batch_prompts
+
+    def close(self) -> None:
+        pass
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling, progress: bool = True) -> list[list[dict]]:
+        from tqdm.auto import tqdm
+
+        from ..hf.sar import sar_rewards
+        from ..hf.scoring import swift_scores
+
+        torch.manual_seed(sampling.seed)
+        out = []
+        bar = tqdm(total=len(prompts), desc="generate (transformers)", unit="problem", disable=not progress)
+        for s in range(0, len(prompts), self.batch_prompts):
+            chunk = prompts[s : s + self.batch_prompts]
+            responses = hf_sample(self.model, self.tokenizer, chunk, sampling)
+            flat_p = [p for p, rs in zip(chunk, responses) for _ in rs]
+            flat_r = [r for rs in responses for r in rs]
+            swift = swift_scores(self.model, self.head, [p + r for p, r in zip(flat_p, flat_r)], [len(p) for p in flat_p], batch_size=64)
+            sar = sar_rewards(self.model, self.tokenizer, flat_p, flat_r, system_prompt=self.sar_system_prompt, batch_size=64)
+            eos = self.tokenizer.eos_token_id
+            it = iter(zip(flat_r, swift.tolist(), sar.tolist()))
+            for rs in responses:
+                out.append([_candidate(self.tokenizer, r, eos, sw, sa) for r, sw, sa in (next(it) for _ in rs)])
+            bar.update(len(chunk))
+        bar.close()
+        return out
+
+
+class VLLMBackend:
+    """The vLLM plugin on the CPU: ``LLM(additional_config={"swift_fast": {...}})``; every
+    ``CompletionOutput`` carries ``swift_score`` and ``sar``."""
+
+    name = "vllm"
+
+    def __init__(self, model_dir: str, head_path: str, sar_system_prompt: str | None, seed: int = 0, **engine_kwargs):
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        kwargs = dict(
+            dtype="float32",
+            gpu_memory_utilization=0.3,  # on the CPU this is a fraction of host memory
+            max_model_len=512,
+            enforce_eager=True,
+            # The engine's seed, not per-request seeds: on the CPU, vLLM 0.32 fails a seeded
+            # request whose prefill is split across steps ("CPU Generator does not use offset").
+            seed=seed,
+        )
+        kwargs.update(engine_kwargs)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.llm = LLM(
+            model=model_dir,
+            additional_config={"swift_fast": {"head": head_path, "sar": True, "sar_system_prompt": sar_system_prompt}},
+            **kwargs,
+        )
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            self.llm = None
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling, progress: bool = True) -> list[list[dict]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens
+        )
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=progress)
+        eos = self.tokenizer.eos_token_id
+        result = []
+        for o in outs:
+            cands = sorted(o.outputs, key=lambda c: c.index)
+            result.append(
+                [_candidate(self.tokenizer, list(c.token_ids), eos, getattr(c, "swift_score", None), getattr(c, "sar", None)) for c in cands]
+            )
+        return result
+
+
+def make_backend(kind: str, model_dir: str, head_path: str, sar_system_prompt: str | None, seed: int = 0) -> Backend:
+    """``kind``: ``"vllm"``, ``"transformers"`` or ``"auto"`` (vLLM when it imports)."""
+    if kind == "auto":
+        try:
+            import vllm  # noqa: F401
+
+            kind = "vllm"
+        except Exception:
+            kind = "transformers"
+    if kind == "vllm":
+        return VLLMBackend(model_dir, head_path, sar_system_prompt, seed=seed)
+    if kind in ("transformers", "hf"):
+        return HFBackend(model_dir, head_path, sar_system_prompt)
+    raise ValueError(f"backend {kind!r}: expected 'vllm', 'transformers' or 'auto'")

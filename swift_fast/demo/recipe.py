@@ -1,0 +1,50 @@
+"""Every setting and seed of the demo artefacts, in one place: ``swift-fast demo build`` reads
+this, and the provenance file records it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .model import ModelConfig, TrainConfig
+from .task import TaskConfig
+from .tokenizer import SYSTEM_PROMPT
+
+
+@dataclass(frozen=True)
+class HeadRecipe:
+    loss: str = "dpo"
+    layers: str = "all"
+    alignment: str = "predicting"
+    feature: str = "hidden"
+    gate: bool = True
+    lr: float = 1e-3
+    weight_decay: float = 1e-5
+    batch_size: int = 16
+    max_epochs: int = 20
+    patience: int = 3
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    task: TaskConfig = TaskConfig(min_terms=2, max_terms=5, max_digits=2, flaw_rate=0.5, check=True)
+    model: ModelConfig = ModelConfig(hidden_size=128, num_layers=4, num_heads=2, num_kv_heads=1, intermediate_size=512)
+    train: TrainConfig = TrainConfig(steps=1800, batch_size=32, lr=3e-3, warmup=100, weight_decay=0.01, seed=0, threads=1)
+    test_problems: int = 200
+    test_seed: int = 1
+    train_problems: int = 400
+    train_seed: int = 2
+    #: candidates per training problem for the head's rollouts, and their sampling
+    rollouts_n: int = 16
+    rollouts_seed: int = 2
+    temperature: float = 1.0
+    top_p: float = 0.9
+    max_new_tokens: int = 160
+    head: HeadRecipe = field(default_factory=HeadRecipe)
+    sar_system_prompt: str | None = SYSTEM_PROMPT
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+DEFAULT = Recipe()

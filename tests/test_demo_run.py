@@ -1,0 +1,77 @@
+"""The demo pipeline end to end on a handful of held-out problems."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from swift_fast import SwiftHead
+from swift_fast.demo import assets as A
+from swift_fast.demo import task as T
+from swift_fast.demo.run import run_demo
+from swift_fast.kernels.swift_reduce import swift_reduce_reference
+from swift_fast.rollouts import read_rollouts
+
+
+def _reference_scores(problems):
+    """SWIFT scores recomputed independently: one plain forward with output_hidden_states,
+    states of the predicting positions, reference reduction."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(A.ASSETS_DIR, A.MODEL), dtype=torch.float64).eval()
+    head = SwiftHead.load(os.path.join(A.ASSETS_DIR, A.HEAD)).double()
+    out = []
+    for p in problems:
+        for c in p.candidates:
+            ids = torch.tensor([p.prompt_token_ids + c["token_ids"]])
+            n, m = len(p.prompt_token_ids), len(c["token_ids"])
+            with torch.no_grad():
+                hs = model(input_ids=ids, output_hidden_states=True).hidden_states
+                layers = [hs[i][0, n - 1 : n + m - 1] for i in head.layers]
+                s, _, _ = swift_reduce_reference(layers, head.weight, head.bias, torch.tensor([0, m]))
+            out.append(float(s[0]))
+    return out
+
+
+def _check_outputs(out, problems, summary):
+    for name in ("table.txt", "table.json", "bon.png", "candidates.html", "rollouts.jsonl"):
+        assert os.path.getsize(out / name) > 0
+    table = json.loads((out / "table.json").read_text())
+    rows = table["accuracy"]
+    for r in ("random", "majority", "SWIFT", "SAR", "SWIFT weighted vote", "SWIFT+SAR rank", "SWIFT+SAR scaled", "oracle pass@k"):
+        assert r in rows
+    for p in problems:
+        for c in p.candidates:
+            assert c["correct"] == (T.extract_answer(c["text"]) == str(sum(map(int, p.question.split("+")))))
+            assert -1.0 <= c["sar"] <= 1.0
+    # oracle >= every selector at every k, and the accuracies are those of the rollouts
+    for r, row in rows.items():
+        for k, v in row.items():
+            assert v <= rows["oracle pass@k"][k] + 1e-12
+    k = str(max(int(k) for k in rows["random"]))
+    assert abs(rows["random"][k] - summary["single_sample_accuracy"]) < 1e-12
+    html = (out / "candidates.html").read_text()
+    assert html.count("class=\"hi\"") > 0 and html.count("class=\"lo\"") > 0
+
+
+def test_demo_transformers_backend(tmp_path):
+    out = tmp_path / "out"
+    summary = run_demo(out_dir=str(out), backend="transformers", limit=3, n=4, show=2, progress=False, log=lambda *a: None)
+    problems = read_rollouts(out / "rollouts.jsonl")
+    assert len(problems) == 3 and all(len(p.candidates) == 4 for p in problems)
+    _check_outputs(out, problems, summary)
+    got = [c["swift_score"] for p in problems for c in p.candidates]
+    assert got == pytest.approx(_reference_scores(problems), abs=1e-4)
+
+
+@pytest.mark.slow
+def test_demo_vllm_backend(tmp_path):
+    pytest.importorskip("vllm")
+    out = tmp_path / "out"
+    summary = run_demo(out_dir=str(out), backend="vllm", limit=2, n=4, show=1, progress=False, log=lambda *a: None)
+    assert summary["backend"] == "vllm"
+    problems = read_rollouts(out / "rollouts.jsonl")
+    _check_outputs(out, problems, summary)
+    got = [c["swift_score"] for p in problems for c in p.candidates]
+    assert got == pytest.approx(_reference_scores(problems), abs=1e-3)
