@@ -6,7 +6,7 @@
 #   OUT=/some/dir bash bench/gpu_check.sh        # results under $OUT (default ./out/gpu_check)
 #
 # Liger-Kernel is a peer when importable, or when its wheel lies in .whl/ or bench/wheels/
-# (unpacked to a temporary folder, not installed). Budget: at most 7.3 minutes on one H200 (the
+# (unpacked to a temporary folder, not installed). Budget: at most 8.8 minutes on one H200 (the
 # sum of the step timeouts); each step has its own, so a slow step cannot starve the next.
 set -u
 cd "$(dirname "$0")/.."
@@ -67,6 +67,11 @@ step bench_streaming 25 "$PY" -m pytest bench/test_bench_streaming.py "${BENCH[@
 # 3. launch-setting sweeps (informative; the defaults are in the kernels' files)
 step bench_sweeps 30 "$PY" -m pytest bench/test_bench_swift_reduce.py bench/test_bench_token_logprobs.py \
     "${BENCH[@]}" -k sweep --benchmark-json="$OUT/bench_sweeps.json"
+
+# 4. scoring inside Hugging Face generate, Llama-3.1-8B shape (random weights on the device),
+#    batch 64, 64 new tokens: plain generate vs the scorer (DESIGN 6: naive hooks cost +4.5%)
+step hf_generate 90 "$PY" bench/bench_hf_generate.py --device cuda --hidden 4096 --layers 32 --vocab 128256 \
+    --batch 64 --new-tokens 64 --reps 3 --json "$OUT/hf_generate.json"
 
 [ -n "$LIGER_DIR" ] && rm -rf "$LIGER_DIR"
 echo "== done in $(( $(date +%s) - START ))s; full results in $OUT"
