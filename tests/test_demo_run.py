@@ -75,3 +75,24 @@ def test_demo_vllm_backend(tmp_path):
     _check_outputs(out, problems, summary)
     got = [c["swift_score"] for p in problems for c in p.candidates]
     assert got == pytest.approx(_reference_scores(problems), abs=1e-3)
+
+
+def test_vllm_info_logs_are_quiet_unless_asked(monkeypatch):
+    import logging
+    import sys
+
+    from swift_fast.demo.backend import quiet_vllm_logs
+
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    quiet_vllm_logs()
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"  # the user's choice stands
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL")
+    logger = logging.getLogger("vllm")
+    before = logger.level
+    monkeypatch.setitem(sys.modules, "vllm", sys.modules.get("vllm", object()))
+    try:
+        quiet_vllm_logs()
+        assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+        assert logger.getEffectiveLevel() == logging.WARNING
+    finally:
+        logger.setLevel(before)

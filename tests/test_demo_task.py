@@ -6,60 +6,85 @@ from swift_fast.demo import task as T
 from swift_fast.demo.tokenizer import build_tokenizer, prompt_ids, vocabulary
 
 
-def _eval_steps(text):
-    """Independent reading of a solution: every 'a+b=c;' step with its numbers."""
-    body = text.split("#")[0]
-    steps = [s for s in body.replace("check;", "").split(";") if "=" in s]
-    return [(int(l.split("+")[0]), int(l.split("+")[1].split("=")[0]), int(l.split("=")[1])) for l in steps]
+def _steps(text):
+    """Independent reading of a solution: every 'a+b=c' step with its numbers, and the answer."""
+    body, answer = text.split("#")
+    steps = []
+    for s in body.split(";"):
+        lhs, c = s.split("=")
+        a, b = lhs.split("+")
+        steps.append((int(a), int(b), int(c)))
+    return steps, int(answer)
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_clean_solution_adds_up_and_checks(seed):
+def test_solution_is_running_sums(seed):
     rng = random.Random(seed)
     cfg = T.TaskConfig()
     for _ in range(50):
         terms = T.sample_terms(rng, cfg)
         assert cfg.min_terms <= len(terms) <= cfg.max_terms
         assert all(0 <= t < 10**cfg.max_digits for t in terms)
-        text = T.solution(terms, cfg)
-        assert all(a + b == c for a, b, c in _eval_steps(text))
-        assert T.verdict(text) == "ok"
-        assert T.extract_answer(text) == str(sum(terms))
-        assert T.is_correct(text, terms)
+        text = T.solution(terms)
+        steps, answer = _steps(text)
+        assert len(steps) == len(terms) - 1
+        assert all(a + b == c for a, b, c in steps)
+        assert [b for _, b, _ in steps] == terms[1:] and steps[0][0] == terms[0]
+        # each step starts from the previous result
+        assert all(steps[i + 1][0] == steps[i][2] for i in range(len(steps) - 1))
+        assert answer == sum(terms) and T.is_correct(text, terms)
+        assert not T.stopped_early(text, terms)
 
 
-def test_flawed_solution_is_caught_by_its_check():
+def test_sloppy_solution_forgets_the_last_term():
+    assert T.solution([12, 34, 5, 20]) == "12+34=46;46+5=51;51+20=71#71"
+    assert T.solution([12, 34, 5, 20], forget_last=True) == "12+34=46;46+5=51#51"
     rng = random.Random(3)
     cfg = T.TaskConfig()
     for _ in range(200):
         terms = T.sample_terms(rng, cfg)
-        text = T.solution(terms, cfg, rng, flawed=True)
-        steps = _eval_steps(text)
-        wrong = [s for s in steps if s[0] + s[1] != s[2]]
-        assert len(wrong) == 1  # one slip, carried on consistently afterwards
-        assert T.verdict(text) == "no"
-        assert not T.is_correct(text, terms)
-        # the check pass (the last len(terms)-1 steps) is right and ends at the true sum
-        assert steps[-1][2] == sum(terms)
+        text = T.solution(terms, forget_last=True)
+        steps, answer = _steps(text)
+        assert len(steps) == len(terms) - 2
+        assert all(a + b == c for a, b, c in steps)  # the arithmetic is right, a term is missing
+        assert answer == sum(terms[:-1])
+        assert T.stopped_early(text, terms)
+        assert not T.is_correct(text, terms) or terms[-1] == 0
+    with pytest.raises(ValueError, match="no step"):
+        T.solution([1, 2], forget_last=True)
 
 
-def test_training_stream_flaw_rate():
+def test_forget_rate_grows_with_the_number_of_terms():
     rng = random.Random(0)
-    cfg = T.TaskConfig(flaw_rate=0.25)
-    texts = [T.training_solution(T.sample_terms(rng, cfg), cfg, rng) for _ in range(2000)]
-    rate = sum(T.verdict(t) == "no" for t in texts) / len(texts)
-    assert 0.21 < rate < 0.29
-    nocheck = T.TaskConfig(check=False)
-    assert "check" not in T.training_solution([1, 2], nocheck, rng)
+    cfg = T.TaskConfig(forget_rates=(0.2, 0.45, 0.7))
+    seen = {n: [0, 0] for n in (3, 4, 5)}
+    for _ in range(6000):
+        terms = T.sample_terms(rng, cfg)
+        text = T.training_solution(terms, cfg, rng)
+        seen[len(terms)][0] += T.stopped_early(text, terms)
+        seen[len(terms)][1] += 1
+    for n, want in zip((3, 4, 5), cfg.forget_rates):
+        got = seen[n][0] / seen[n][1]
+        assert abs(got - want) < 0.05, (n, got, want)
+
+
+def test_config_is_checked():
+    with pytest.raises(ValueError, match="one per number of terms"):
+        T.TaskConfig(min_terms=3, max_terms=5, forget_rates=(0.1, 0.2))
+    with pytest.raises(ValueError, match="probabilities"):
+        T.TaskConfig(min_terms=3, max_terms=4, forget_rates=(0.1, 1.5))
+    with pytest.raises(ValueError, match="min_terms"):
+        T.TaskConfig(min_terms=1, max_terms=3, forget_rates=(0.0, 0.0, 0.0))
 
 
 def test_extract_answer():
-    assert T.extract_answer("1+2=3;check;2+1=3;ok#3") == "3"
-    assert T.extract_answer("1+2=3;ok#003") == "3"
-    assert T.extract_answer("1+2=3;ok#0") == "0"
-    assert T.extract_answer("1+2=3;ok#") is None
+    assert T.extract_answer("1+2=3;3+4=7#7") == "7"
+    assert T.extract_answer("1+2=3#003") == "3"
+    assert T.extract_answer("1+2=3#0") == "0"
+    assert T.extract_answer("1+2=3#") is None
     assert T.extract_answer("1+2=3") is None
     assert T.extract_answer("#12+3") is None
+    assert T.steps_written("1+2=3;3+4=7#7") == 2
 
 
 def test_splits_are_disjoint_and_reproducible():
@@ -83,8 +108,7 @@ def test_tokenizer_round_trip_and_chat_template():
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert tok.unk_token_id not in ids
         assert tok.decode(ids) == text
-        # digits are single tokens: one id per character outside the words
-        assert len(ids) == len(text) - sum(len(w) - 1 for w in ("check", "vs", "ok", "no") for _ in range(text.count(w)))
+        assert len(ids) == len(text)  # one token per character: a digit, '+', '=', ';' or '#'
     p = prompt_ids(tok, "12+34")
     s = tok.decode(p)
     assert s.startswith("<|begin_of_text|>") and s.endswith("assistant<|end_header_id|>\n\n")

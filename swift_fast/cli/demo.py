@@ -29,6 +29,8 @@ def add_parser(sub, name, help_):
     p.add_argument("--reuse", action="store_true", help="build: keep the model and rollouts already in --work")
     p.add_argument("--rollouts", default="demo_out/rollouts.jsonl", help="ablations: the run whose candidates are scored")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--verbose", action="store_true",
+                   help="run: keep vLLM's INFO logs (default: warnings only, unless VLLM_LOGGING_LEVEL is set)")
     return p
 
 
@@ -50,7 +52,8 @@ def run(args) -> int:
 
     try:
         run_demo(out_dir=args.out or "demo_out", root=args.assets or A.ASSETS_DIR, backend=args.backend,
-                 limit=args.limit, n=args.n, seed=args.seed, show=args.show, progress=not args.no_progress)
+                 limit=args.limit, n=args.n, seed=args.seed, show=args.show, progress=not args.no_progress,
+                 verbose=args.verbose)
     except A.AssetError as e:
         raise SystemExit(f"swift-fast demo: {e}") from None
     return 0

@@ -121,13 +121,31 @@ class HFBackend:
         return out
 
 
+def quiet_vllm_logs(level: str = "WARNING") -> None:
+    """Keep vLLM's INFO lines out of the demo's output: ``VLLM_LOGGING_LEVEL`` is read when vLLM
+    is imported, in this process and in the engine process it spawns, so it is set before the
+    import (unless the user set it); a vLLM imported earlier gets its logger's level set."""
+    import logging
+    import os
+    import sys
+
+    if "VLLM_LOGGING_LEVEL" in os.environ:
+        return
+    os.environ["VLLM_LOGGING_LEVEL"] = level
+    if "vllm" in sys.modules:
+        logging.getLogger("vllm").setLevel(level)
+
+
 class VLLMBackend:
     """The vLLM plugin on the CPU: ``LLM(additional_config={"swift_fast": {...}})``; every
     ``CompletionOutput`` carries ``swift_score`` and ``sar``."""
 
     name = "vllm"
 
-    def __init__(self, model_dir: str, head_path: str, sar_system_prompt: str | None, seed: int = 0, **engine_kwargs):
+    def __init__(self, model_dir: str, head_path: str, sar_system_prompt: str | None, seed: int = 0,
+                 quiet: bool = True, **engine_kwargs):
+        if quiet:
+            quiet_vllm_logs()
         from transformers import AutoTokenizer
         from vllm import LLM
 
@@ -175,9 +193,13 @@ class VLLMBackend:
         return result
 
 
-def make_backend(kind: str, model_dir: str, head_path: str, sar_system_prompt: str | None, seed: int = 0) -> Backend:
-    """``kind``: ``"vllm"``, ``"transformers"`` or ``"auto"`` (vLLM when it imports)."""
+def make_backend(kind: str, model_dir: str, head_path: str, sar_system_prompt: str | None, seed: int = 0,
+                 quiet: bool = True) -> Backend:
+    """``kind``: ``"vllm"``, ``"transformers"`` or ``"auto"`` (vLLM when it imports). ``quiet``:
+    vLLM logs warnings and errors only (its INFO lines otherwise break up the progress bars)."""
     if kind == "auto":
+        if quiet:
+            quiet_vllm_logs()
         try:
             import vllm  # noqa: F401
 
@@ -185,7 +207,7 @@ def make_backend(kind: str, model_dir: str, head_path: str, sar_system_prompt: s
         except Exception:
             kind = "transformers"
     if kind == "vllm":
-        return VLLMBackend(model_dir, head_path, sar_system_prompt, seed=seed)
+        return VLLMBackend(model_dir, head_path, sar_system_prompt, seed=seed, quiet=quiet)
     if kind in ("transformers", "hf"):
         return HFBackend(model_dir, head_path, sar_system_prompt)
     raise ValueError(f"backend {kind!r}: expected 'vllm', 'transformers' or 'auto'")

@@ -135,8 +135,9 @@ def build(out: str = A.ASSETS_DIR, work: str = "demo_build", recipe: Recipe = DE
     shutil.copytree(model_dir, os.path.join(tmp, A.MODEL))
     head.save(os.path.join(tmp, A.HEAD))
     prov = {
-        "what": "swift-fast demo artefacts: a Llama trained from scratch on multi-term addition with a check step, "
-                "and a SWIFT head trained on its own graded rollouts",
+        "what": "swift-fast demo artefacts: a Llama trained from scratch on multi-term addition written as running "
+                "sums by a sloppy solver that sometimes forgets the last term, and a SWIFT head trained on the "
+                "model's own graded rollouts",
         "recipe": recipe.to_dict(),
         "commands": ["swift-fast demo build"],
         "sar_system_prompt": recipe.sar_system_prompt,

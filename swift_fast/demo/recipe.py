@@ -20,16 +20,20 @@ class HeadRecipe:
     lr: float = 1e-3
     weight_decay: float = 1e-5
     batch_size: int = 16
-    max_epochs: int = 20
+    max_epochs: int = 40
     patience: int = 3
     seed: int = 0
 
 
 @dataclass(frozen=True)
 class Recipe:
-    task: TaskConfig = TaskConfig(min_terms=2, max_terms=5, max_digits=2, flaw_rate=0.5, check=True)
+    #: forget_rates: the sloppy solver drops the last term of 3/4/5-term sums this often, so majority
+    #: vote is right on 3 terms, a coin flip on 4 and wrong on 5
+    task: TaskConfig = TaskConfig(min_terms=3, max_terms=5, max_digits=2, forget_rates=(0.2, 0.45, 0.7))
     model: ModelConfig = ModelConfig(hidden_size=128, num_layers=4, num_heads=2, num_kv_heads=1, intermediate_size=512)
-    train: TrainConfig = TrainConfig(steps=1800, batch_size=32, lr=3e-3, warmup=100, weight_decay=0.01, seed=0, threads=1)
+    #: 2 threads: ~0.28 s a step on an idle 2-core machine (~12 min); the thread count is part of
+    #: what makes the weights bit-identical between builds
+    train: TrainConfig = TrainConfig(steps=2500, batch_size=64, lr=3e-3, warmup=100, weight_decay=0.01, seed=0, threads=2)
     test_problems: int = 200
     test_seed: int = 1
     train_problems: int = 400

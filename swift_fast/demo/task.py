@@ -1,18 +1,24 @@
-"""The demo's task: multi-term addition written out step by step, then checked.
+"""The demo's task: multi-term addition written out as running sums, imitated from a sloppy solver.
 
-A problem is a list of non-negative integers. Its worked solution adds them left to right
-(running sums), then checks the total by adding them again right to left, states whether the
-two totals agree (``ok`` / ``no``) and gives the forward total after ``#``::
+A problem is a list of non-negative integers. Its worked solution adds them left to right and
+gives the total after ``#``::
 
-    question   47+8+315
-    solution   47+8=55;55+315=370;check;315+8=323;323+47=370;ok#370
+    question   12+34+5+20
+    solution   12+34=46;46+5=51;51+20=71#71
 
-Training solutions include *flawed* ones (``flaw_rate``): one forward step's result is
-perturbed as a slip would perturb it, the following steps carry the wrong value on, the check
-(done right) disagrees and the verdict is ``no``; the answer is still the forward total. A
-model trained on them learns to check its work, so its own slips show up in its states at the
-check, where a SWIFT head can read them. Difficulty varies within the task (2 to
-``max_terms`` terms of 1 to ``max_digits`` digits).
+The training solutions come from a *sloppy solver* whose flaw is systematic: with a probability
+that grows with the number of terms (``forget_rates``) it forgets the last term, stops one step
+early and answers that running sum::
+
+    sloppy     12+34=46;46+5=51#51
+
+A model trained on them imitates the flaw: after each step it samples "stop" or "go on", and to
+decide it has to track how many terms remain, so that knowledge sits in its states where the
+answer is written. The candidates that stopped early all give the same wrong answer, a
+systematic error that fools majority vote on many-term problems while a reward model reading the
+states can tell an early stop from a finished sum. Its arithmetic slips add unsystematic errors.
+Difficulty varies within the task (``min_terms`` to ``max_terms`` terms of 1 to ``max_digits``
+digits).
 """
 
 from __future__ import annotations
@@ -22,21 +28,30 @@ import re
 from dataclasses import asdict, dataclass
 
 ANSWER_MARK = "#"
-CHECK_WORD = "check"
-VERSUS = "vs"
-VERDICT_OK = "ok"
-VERDICT_NO = "no"
+STEP_END = ";"
 
 
 @dataclass(frozen=True)
 class TaskConfig:
-    min_terms: int = 2
-    max_terms: int = 4
-    max_digits: int = 3
-    #: fraction of training solutions with one slipped forward step (and verdict ``no``)
-    flaw_rate: float = 0.25
-    #: write the check pass and verdict (False: forward sums and answer only)
-    check: bool = True
+    min_terms: int = 3
+    max_terms: int = 5
+    max_digits: int = 2
+    #: probability that a training solution forgets the last term, for min_terms..max_terms terms
+    forget_rates: tuple = (0.2, 0.45, 0.7)
+
+    def __post_init__(self):
+        if not 2 <= self.min_terms <= self.max_terms:
+            raise ValueError(f"terms: need 2 <= min_terms <= max_terms, got {self.min_terms}..{self.max_terms}")
+        if len(self.forget_rates) != self.max_terms - self.min_terms + 1:
+            raise ValueError(
+                f"forget_rates has {len(self.forget_rates)} entries; it needs one per number of terms "
+                f"({self.min_terms}..{self.max_terms}: {self.max_terms - self.min_terms + 1})"
+            )
+        if not all(0.0 <= r <= 1.0 for r in self.forget_rates):
+            raise ValueError(f"forget_rates must be probabilities in [0, 1], got {self.forget_rates}")
+
+    def forget_rate(self, n_terms: int) -> float:
+        return self.forget_rates[n_terms - self.min_terms]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,47 +71,25 @@ def question(terms: list[int]) -> str:
     return "+".join(str(t) for t in terms)
 
 
-def _slip(value: int, rng: random.Random) -> int:
-    """A plausible wrong result: one digit off by one or two, or a dropped/extra carry."""
-    s = str(value)
-    while True:
-        pos = rng.randrange(len(s))
-        delta = rng.choice((-2, -1, 1, 2)) * 10 ** (len(s) - 1 - pos)
-        new = value + delta
-        if new >= 0 and new != value:
-            return new
-
-
-def _chain(terms: list[int], slip_at: int | None, rng: random.Random) -> tuple[list[str], int]:
-    acc = terms[0]
+def solution(terms: list[int], forget_last: bool = False) -> str:
+    """The worked solution text (without the end-of-turn token); ``forget_last``: the sloppy
+    solver's version, which stops before the last term."""
+    if len(terms) < 2:
+        raise ValueError(f"a problem has at least two terms, got {terms}")
+    used = terms[:-1] if forget_last else terms
+    if len(used) < 2:
+        raise ValueError(f"forgetting the last of {len(terms)} terms leaves no step to write")
+    acc = used[0]
     steps = []
-    for i, t in enumerate(terms[1:]):
-        res = acc + t
-        if i == slip_at:
-            res = _slip(res, rng)
-        steps.append(f"{acc}+{t}={res};")
-        acc = res
-    return steps, acc
-
-
-def solution(terms: list[int], cfg: TaskConfig, rng: random.Random | None = None, flawed: bool = False) -> str:
-    """The worked solution text (without the end-of-turn token)."""
-    if flawed and rng is None:
-        raise ValueError("a flawed solution needs a random generator")
-    slip_at = rng.randrange(len(terms) - 1) if flawed else None
-    fwd, total = _chain(terms, slip_at, rng)
-    text = "".join(fwd)
-    if cfg.check:
-        back, check_total = _chain(terms[::-1], None, rng)
-        verdict = VERDICT_OK if check_total == total else VERDICT_NO
-        # both totals side by side, so the verdict compares neighbouring digits
-        text += f"{CHECK_WORD};" + "".join(back) + f"{total}{VERSUS}{check_total};" + verdict
-    return text + f"{ANSWER_MARK}{total}"
+    for t in used[1:]:
+        steps.append(f"{acc}+{t}={acc + t}")
+        acc += t
+    return STEP_END.join(steps) + f"{ANSWER_MARK}{acc}"
 
 
 def training_solution(terms: list[int], cfg: TaskConfig, rng: random.Random) -> str:
-    flawed = cfg.check and cfg.flaw_rate > 0 and rng.random() < cfg.flaw_rate
-    return solution(terms, cfg, rng, flawed=flawed)
+    """A solution of the sloppy solver: the last term forgotten with ``cfg.forget_rate(len(terms))``."""
+    return solution(terms, forget_last=rng.random() < cfg.forget_rate(len(terms)))
 
 
 _ANSWER_RE = re.compile(re.escape(ANSWER_MARK) + r"(\d+)\s*$")
@@ -117,10 +110,15 @@ def is_correct(text: str, terms_or_reference) -> bool:
     return extract_answer(text) == ref
 
 
-def verdict(text: str) -> str | None:
-    """``ok`` / ``no`` as written by the solution, None when it has no verdict."""
-    m = re.search(r"(ok|no)" + re.escape(ANSWER_MARK), text)
-    return m.group(1) if m else None
+def steps_written(text: str) -> int:
+    """How many ``a+b=c`` steps a response wrote before its answer."""
+    body = text.split(ANSWER_MARK)[0]
+    return sum(1 for s in body.split(STEP_END) if "=" in s)
+
+
+def stopped_early(text: str, terms: list[int]) -> bool:
+    """The response answers before adding every term (the sloppy solver's flaw)."""
+    return extract_answer(text) is not None and steps_written(text) < len(terms) - 1
 
 
 def make_split(n: int, cfg: TaskConfig, seed: int, exclude: set[str] | None = None) -> list[list[int]]:

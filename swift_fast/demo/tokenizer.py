@@ -8,7 +8,7 @@ turn and is the model's EOS, so a generated response includes it.
 
 from __future__ import annotations
 
-from .task import ANSWER_MARK, CHECK_WORD, VERDICT_NO, VERDICT_OK, VERSUS
+from .task import ANSWER_MARK, STEP_END
 
 BOS, START, END, EOT, PAD, UNK = (
     "<|begin_of_text|>",
@@ -30,8 +30,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
 
-_WORDS = ["system", "user", "assistant", CHECK_WORD, VERSUS, VERDICT_OK, VERDICT_NO]
-_SYMBOLS = list("0123456789") + ["+", "-", "=", ";", ANSWER_MARK, " ", "\n"]
+_WORDS = ["system", "user", "assistant"]
+_SYMBOLS = list("0123456789") + ["+", "=", STEP_END, ANSWER_MARK, " ", "\n"]
 
 
 def vocabulary() -> list[str]:
