@@ -48,8 +48,8 @@ def server(tmp_path_factory):
         "--max-model-len", "256", "--kv-cache-memory-bytes", str(2048 * KV_BYTES_PER_TOKEN),
     ]
     log = open(log_path, "w")
-    # unbuffered: the engine core's start-up lines must be in the log when the tests read it
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # unbuffered, at INFO: the engine core's start-up lines must be in the log when the tests read it
+    env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="INFO")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + STARTUP_TIMEOUT

@@ -48,12 +48,15 @@ def run(args) -> int:
         run_ablations(args.rollouts, work=args.work, out=os.path.join(args.out or "demo_out", "ablations.json"),
                       progress=not args.no_progress)
         return 0
+    from ..demo.backend import quiet_vllm_logs
     from ..demo.run import run_demo
 
+    if not args.verbose:
+        # this command's own process and the engine it spawns: a library call never does this
+        quiet_vllm_logs()
     try:
         run_demo(out_dir=args.out or "demo_out", root=args.assets or A.ASSETS_DIR, backend=args.backend,
-                 limit=args.limit, n=args.n, seed=args.seed, show=args.show, progress=not args.no_progress,
-                 verbose=args.verbose)
+                 limit=args.limit, n=args.n, seed=args.seed, show=args.show, progress=not args.no_progress)
     except A.AssetError as e:
         raise SystemExit(f"swift-fast demo: {e}") from None
     return 0

@@ -122,9 +122,12 @@ class HFBackend:
 
 
 def quiet_vllm_logs(level: str = "WARNING") -> None:
-    """Keep vLLM's INFO lines out of the demo's output: ``VLLM_LOGGING_LEVEL`` is read when vLLM
-    is imported, in this process and in the engine process it spawns, so it is set before the
-    import (unless the user set it); a vLLM imported earlier gets its logger's level set."""
+    """Keep vLLM's INFO lines out of ``swift-fast demo``'s output (they break up the progress bars).
+
+    ``VLLM_LOGGING_LEVEL`` is read when vLLM is imported, in this process and in the engine
+    process it spawns, so it is set before the import (unless the user set it); a vLLM imported
+    earlier gets its logger's level set. It changes this process's environment: only the
+    command line calls it."""
     import logging
     import os
     import sys
@@ -142,10 +145,7 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, model_dir: str, head_path: str, sar_system_prompt: str | None, seed: int = 0,
-                 quiet: bool = True, **engine_kwargs):
-        if quiet:
-            quiet_vllm_logs()
+    def __init__(self, model_dir: str, head_path: str, sar_system_prompt: str | None, seed: int = 0, **engine_kwargs):
         from transformers import AutoTokenizer
         from vllm import LLM
 
@@ -193,13 +193,9 @@ class VLLMBackend:
         return result
 
 
-def make_backend(kind: str, model_dir: str, head_path: str, sar_system_prompt: str | None, seed: int = 0,
-                 quiet: bool = True) -> Backend:
-    """``kind``: ``"vllm"``, ``"transformers"`` or ``"auto"`` (vLLM when it imports). ``quiet``:
-    vLLM logs warnings and errors only (its INFO lines otherwise break up the progress bars)."""
+def make_backend(kind: str, model_dir: str, head_path: str, sar_system_prompt: str | None, seed: int = 0) -> Backend:
+    """``kind``: ``"vllm"``, ``"transformers"`` or ``"auto"`` (vLLM when it imports)."""
     if kind == "auto":
-        if quiet:
-            quiet_vllm_logs()
         try:
             import vllm  # noqa: F401
 
@@ -207,7 +203,7 @@ def make_backend(kind: str, model_dir: str, head_path: str, sar_system_prompt: s
         except Exception:
             kind = "transformers"
     if kind == "vllm":
-        return VLLMBackend(model_dir, head_path, sar_system_prompt, seed=seed, quiet=quiet)
+        return VLLMBackend(model_dir, head_path, sar_system_prompt, seed=seed)
     if kind in ("transformers", "hf"):
         return HFBackend(model_dir, head_path, sar_system_prompt)
     raise ValueError(f"backend {kind!r}: expected 'vllm', 'transformers' or 'auto'")

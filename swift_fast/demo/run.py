@@ -91,13 +91,9 @@ def run_demo(
     show: int = 4,
     progress: bool = True,
     verify: bool = True,
-    verbose: bool = False,
     log=print,
 ) -> dict:
-    """Run the demo end to end; return the summary (also written to ``out_dir/table.json``).
-
-    ``verbose``: keep vLLM's INFO logs (by default it logs warnings and errors only, unless
-    ``VLLM_LOGGING_LEVEL`` is set)."""
+    """Run the demo end to end; return the summary (also written to ``out_dir/table.json``)."""
     from transformers import AutoTokenizer
 
     t0 = time.time()
@@ -112,7 +108,7 @@ def run_demo(
     ks = tuple(k for k in KS if k <= n)
     sampling = Sampling(n=n, seed=seed, max_new_tokens=prov["recipe"]["max_new_tokens"])
     log(f"swift-fast demo: {len(problems)} held-out problems x {n} candidates, backend {backend}")
-    be = make_backend(backend, model_dir, head_path, prov["recipe"]["sar_system_prompt"], seed=seed, quiet=not verbose)
+    be = make_backend(backend, model_dir, head_path, prov["recipe"]["sar_system_prompt"], seed=seed)
     try:
         cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress)
     finally:
