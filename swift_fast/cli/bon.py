@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from .collect import add_generation_args
+from .collect import add_generation_args, collect_config
 
 DESCRIPTION = """\
 Generate N candidates per problem in one vLLM run with a SWIFT head attached (the scores are
@@ -107,7 +107,7 @@ def run(args) -> int:
     from .. import report
     from ..datasets import DataError, load_dataset
     from ..head import HeadError, SwiftHead
-    from ..hf.collect import CollectConfig, collect
+    from ..hf.collect import collect
     from ..rollouts import read_rollouts
 
     if args.n < 1:
@@ -122,11 +122,7 @@ def run(args) -> int:
         if args.sar_system_prompt is not None:
             section["sar_system_prompt"] = args.sar_system_prompt
         extra.setdefault("additional_config", {})["swift_fast"] = section
-        cfg = CollectConfig(
-            n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-            seed=args.seed, template=args.template, system=args.system, chunk=max(1, args.chunk),
-            grade_timeout=args.grade_timeout,
-        )
+        cfg = collect_config(args)
         engine = _engine_class()(args.model, dtype=args.dtype, seed=args.seed, **extra)
         try:
             stats = collect(engine, engine.tokenizer, examples, out, cfg, progress=not args.no_progress, model_name=args.model)

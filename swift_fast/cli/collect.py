@@ -57,24 +57,24 @@ def add_generation_args(p, n: int) -> None:
     p.add_argument("--grade-timeout", type=float, default=5.0, help="seconds per math answer before it counts as wrong")
 
 
+def collect_config(args):
+    """The ``CollectConfig`` of the options ``add_generation_args`` added."""
+    from ..hf.collect import CollectConfig
+
+    return CollectConfig(
+        n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        template=args.template, system=args.system, chunk=max(1, args.chunk), grade_timeout=args.grade_timeout,
+    )
+
+
 def run(args) -> int:
     from ..datasets import DataError, load_dataset
-    from ..hf.collect import CollectConfig, HFEngine, VLLMEngine, collect, vllm_available
+    from ..hf.collect import HFEngine, VLLMEngine, collect, vllm_available
     from ..hf.features import UnsupportedModelError
 
     try:
         examples = load_dataset(args.data, kind=args.kind, limit=args.limit)
-        cfg = CollectConfig(
-            n=args.n,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-            template=args.template,
-            system=args.system,
-            chunk=max(1, args.chunk),
-            grade_timeout=args.grade_timeout,
-        )
+        cfg = collect_config(args)
         engine_name = args.engine
         if engine_name == "auto":
             engine_name = "vllm" if vllm_available() else "transformers"
