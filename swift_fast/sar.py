@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from .kernels.sar_from_logits import mean_logprob, sar_from_means, sar_reference  # noqa: F401 (public here)
+# The fused entry points are the kernels' own functions, public here beside the reference math.
+from .kernels.sar_from_logits import mean_logprob, sar_from_logits, sar_from_means, sar_reference  # noqa: F401
+from .kernels.token_logprobs import token_logprobs  # noqa: F401
+from .kernels.token_logprobs_from_hidden import token_logprobs_from_hidden
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a reasoning expert assistant. Given a question, you will use your reasoning skills "
@@ -48,35 +51,6 @@ def sar_reward(
     return sar_reference(logp_with_question, logp_without_question, cu_seqlens)
 
 
-def sar_from_logits(
-    logits_with_question: torch.Tensor,
-    logits_without_question: torch.Tensor,
-    targets: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    temperature: float = 1.0,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """Self-aligned reward per answer straight from both passes' logits.
-
-    Equals ``sar_reward(token_logprobs(logits_with_question, targets), token_logprobs(
-    logits_without_question, targets), cu_seqlens)`` without materialising a log-softmax
-    (one fused launch on CUDA). Row ``j`` of each logits tensor ``[T, V]`` predicts
-    ``targets[j]``; ``cu_seqlens`` ``[B+1]`` packs the answers. Returns ``[B]`` float32.
-    """
-    from .kernels.sar_from_logits import sar_from_logits as fused
-
-    return fused(logits_with_question, logits_without_question, targets, cu_seqlens, temperature, backend=backend)
-
-
-def token_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, backend: str = "auto"
-) -> torch.Tensor:
-    """``log P(targets[t])`` per row of ``logits[T, V]``: ``[T]`` float32, O(T) extra memory."""
-    from .kernels.token_logprobs import token_logprobs as fused
-
-    return fused(logits, targets, temperature=temperature, backend=backend)
-
-
 def sar_from_hidden(
     hidden_with_question: torch.Tensor,
     hidden_without_question: torch.Tensor,
@@ -88,8 +62,6 @@ def sar_from_hidden(
 ) -> torch.Tensor:
     """Self-aligned reward per answer from both passes' final hidden states ``[T, d]`` and the LM
     head ``[V, d]``, never holding either pass's ``[T, V]`` logits (chunked log-probs)."""
-    from .kernels.token_logprobs_from_hidden import token_logprobs_from_hidden
-
     lq = token_logprobs_from_hidden(hidden_with_question, lm_head, targets, temperature, backend=backend)
     l0 = token_logprobs_from_hidden(hidden_without_question, lm_head, targets, temperature, backend=backend)
     return sar_reward(lq, l0, cu_seqlens)
