@@ -105,6 +105,30 @@ def _reduce(response, n: int, fe) -> None:
     response.choices = kept
 
 
+def _with_best_of_n(orig):
+    """Wrap a server's ``create_*completion``: a ``"best_of_n": N`` request generates N choices
+    per prompt and answers with the best of each group (the same for completions and chat)."""
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+    @functools.wraps(orig)
+    async def create(self, request, raw_request=None):
+        fe = _frontend(self)
+        if fe is None:
+            return await orig(self, request, raw_request)
+        n, err = _best_of_n(request)
+        if err:
+            return self.create_error_response(err)
+        if n is None:
+            return await orig(self, request, raw_request)
+        request.n = n
+        response = await orig(self, request, raw_request)
+        if not isinstance(response, ErrorResponse):
+            _reduce(response, n, fe)
+        return response
+
+    return create
+
+
 def _rewrite_sse(chunk: str, finals: dict, key_of, sar: bool) -> str:
     """Add the scores to the choices of an SSE ``data:`` chunk that carry a finish reason."""
     if not chunk.startswith("data: ") or '"finish_reason"' not in chunk:
@@ -147,23 +171,7 @@ def install_serving() -> None:
                 _set(choice, choice_fields(out, fe.cfg.sar))
         return response
 
-    orig_create = C.create_completion
-
-    @functools.wraps(orig_create)
-    async def create_completion(self, request, raw_request=None):
-        fe = _frontend(self)
-        if fe is None:
-            return await orig_create(self, request, raw_request)
-        n, err = _best_of_n(request)
-        if err:
-            return self.create_error_response(err)
-        if n is None:
-            return await orig_create(self, request, raw_request)
-        request.n = n
-        response = await orig_create(self, request, raw_request)
-        if not isinstance(response, ErrorResponse):
-            _reduce(response, n, fe)
-        return response
+    create_completion = _with_best_of_n(C.create_completion)
 
     orig_stream = C.completion_stream_generator
 
@@ -216,23 +224,7 @@ def install_serving() -> None:
                     _set(choice, choice_fields(out, fe.cfg.sar))
         return response
 
-    orig_chat = H.create_chat_completion
-
-    @functools.wraps(orig_chat)
-    async def create_chat_completion(self, request, raw_request=None):
-        fe = _frontend(self)
-        if fe is None:
-            return await orig_chat(self, request, raw_request)
-        n, err = _best_of_n(request)
-        if err:
-            return self.create_error_response(err)
-        if n is None:
-            return await orig_chat(self, request, raw_request)
-        request.n = n
-        response = await orig_chat(self, request, raw_request)
-        if not isinstance(response, ErrorResponse):
-            _reduce(response, n, fe)
-        return response
+    create_chat_completion = _with_best_of_n(H.create_chat_completion)
 
     orig_chat_stream = H.chat_completion_stream_generator
 
