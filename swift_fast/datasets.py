@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
-from .grading import CHOICE_LETTERS, KINDS
+from .definitions import CHOICE_LETTERS, KINDS
 
 T = TypeVar("T")
 
@@ -45,8 +45,9 @@ class Example:
 
     ``id`` is stable for a file: ``"<dataset>/<i>"`` with ``i`` the 0-based line index; files
     other than ``test.jsonl`` add their name: ``"aqua-dev/3"``. Generic files use a row's own
-    ``id`` when it has one, else ``"<file name>/<i>"``. ``question`` is the text the prompt templates wrap (for AQuA the question
-    followed by its options, as the SWIFT paper's preprocessing lays them out).
+    ``id`` when it has one, else ``"<file name>/<i>"``. ``question`` is the text the prompt
+    templates wrap (for AQuA the question followed by its options, as the SWIFT paper's
+    preprocessing lays them out).
     """
 
     id: str
@@ -120,10 +121,15 @@ def _aqua(row: dict) -> tuple[str, str, str, dict]:
             raise _RowError(f"option {o[:40]!r} does not start with its letter, as in 'A)...' ({_AQUA_HINT})")
         letters.append(m.group(1))
     if letters != list(CHOICE_LETTERS[: len(letters)]):
-        raise _RowError(f"options are lettered {''.join(letters)}, expected {CHOICE_LETTERS[: len(letters)]} in order ({_AQUA_HINT})")
+        raise _RowError(
+            f"options are lettered {''.join(letters)}, "
+            f"expected {CHOICE_LETTERS[: len(letters)]} in order ({_AQUA_HINT})"
+        )
     c = _need_str(row, "correct", _AQUA_HINT).strip().upper()
     if c not in letters:
-        raise _RowError(f"field 'correct' is {row['correct']!r}, not one of the options {''.join(letters)} ({_AQUA_HINT})")
+        raise _RowError(
+            f"field 'correct' is {row['correct']!r}, not one of the options {''.join(letters)} ({_AQUA_HINT})"
+        )
     # The SWIFT paper's preprocessing: the question, a newline, the options joined by spaces.
     question = q + "\n" + " ".join(opts)
     extra = {"options": opts}
@@ -152,7 +158,12 @@ def _generic(row: dict) -> tuple[str, Any, str | None, dict]:
     return q, a, kind, {k: v for k, v in row.items() if k not in _GENERIC_KNOWN}
 
 
-_PARSERS: dict[str, Callable[[dict], tuple]] = {"gsm8k": _gsm8k, "math500": _math500, "aqua": _aqua, "generic": _generic}
+_PARSERS: dict[str, Callable[[dict], tuple]] = {
+    "gsm8k": _gsm8k,
+    "math500": _math500,
+    "aqua": _aqua,
+    "generic": _generic,
+}
 
 
 def detect_format(row: dict) -> str | None:

@@ -23,38 +23,30 @@ ending the response, for booleans; the further fallbacks above (answer phrases, 
 Timeouts. math-verify bounds its own work with ``signal.alarm``, which only works on the main
 thread of the main interpreter. Here those timeouts are always off (``parsing_timeout=None``,
 ``timeout_seconds=None``) and math answers are graded in a few persistent worker processes
-instead: a result that is later than ``timeout`` seconds counts as wrong (no answer), and the
-worker is killed and replaced. The workers are started with ``subprocess`` rather than
-``multiprocessing``, so grading also works inside daemonic ``multiprocessing`` workers (which
-may not have children of their own) and from any thread. ``timeout=None`` grades in the
+instead (:mod:`swift_fast.math_workers`): a result that is later than ``timeout`` seconds counts
+as wrong (no answer), and the worker is killed and replaced. ``timeout=None`` grades in the
 calling process with no limit. The other kinds are plain text rules and run in-process.
 """
 
 from __future__ import annotations
 
 import ast
-import atexit
-import json
 import logging
 import os
 import re
-import selectors
-import subprocess
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
+from .definitions import CHOICE_LETTERS, KINDS
+
 log = logging.getLogger(__name__)
 
-KINDS = ("math", "choice", "boolean", "literal")
 DEFAULT_TIMEOUT = 5.0  # seconds per math answer, math-verify's own default
 STARTUP_TIMEOUT = 120.0  # a worker imports sympy and math-verify (about a second) before its first answer
 CHUNK = 32  # answers handed to a worker at a time; small enough to balance workers, large enough to pipeline
-CHOICE_LETTERS = "ABCDE"
 
 
 def default_workers() -> int:
@@ -140,18 +132,16 @@ def judge_many(
 
 def warm_up(workers: int | None = None) -> None:
     """Start the math workers now (each takes about a second to import sympy and math-verify)."""
-    n = workers or default_workers()
-    pool = _pool()
-    got = [pool.acquire(n) for _ in range(n)]
-    for w in got:
-        pool.release(w)
+    from . import math_workers
+
+    math_workers.warm_up(workers or default_workers())
 
 
 def shutdown() -> None:
     """Stop the math workers of this process (they are also stopped at exit)."""
-    p = _POOL
-    if p is not None and p.pid == os.getpid():
-        p.shutdown()
+    workers = sys.modules.get(f"{__package__}.math_workers")  # never started: nothing to stop
+    if workers is not None:
+        workers.shutdown()
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,7 +237,9 @@ def _reference(ref, kind: str, i: int):
     if kind == "choice":
         s = _letter_of(str(ref)) if isinstance(ref, str) else None
         if s is None:
-            raise ValueError(f"choice reference {i} must be a letter {CHOICE_LETTERS[0]}-{CHOICE_LETTERS[-1]}, got {ref!r}")
+            raise ValueError(
+                f"choice reference {i} must be a letter {CHOICE_LETTERS[0]}-{CHOICE_LETTERS[-1]}, got {ref!r}"
+            )
         return s
     if kind == "boolean":
         b = ("yes" if ref else "no") if isinstance(ref, bool) else _yes_no(str(ref))
@@ -285,7 +277,9 @@ def boxed_contents(text: str) -> list[str]:
     return out
 
 
-_WRAPPERS = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}")
+_WRAPPERS = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}"
+)
 
 
 def _unwrap(s: str) -> str:
@@ -401,7 +395,7 @@ def _unquote(s: str) -> str:
 def _literal(s: str) -> tuple[bool, Any]:
     try:
         return True, ast.literal_eval(s)
-    except Exception:  # noqa: BLE001 - any unparsable text falls back to string comparison
+    except Exception:  # any unparsable text falls back to string comparison
         return False, None
 
 
@@ -427,7 +421,7 @@ def _literal_correct(text: str, reference) -> bool:
     if ok and ok_ref:
         try:
             return bool(v == ref_v)
-        except Exception:  # noqa: BLE001
+        except Exception:  # a comparison that raises (arrays, odd types) is no match
             return False
     ref_s = reference if isinstance(reference, str) else repr(reference)
     return _unquote(text) == _unquote(ref_s)
@@ -503,7 +497,7 @@ def _math_key(parsed) -> str | None:
                 e = sympy.nsimplify(e, rational=True)
             if not e.is_Rational:
                 e = sympy.simplify(e)
-    except Exception:  # noqa: BLE001 - canonical form is best effort; the parsed form stands
+    except Exception:  # canonical form is best effort; the parsed form stands
         pass
     return str(e)
 
@@ -522,271 +516,13 @@ def _judge_math(op: str, response: str, reference: str | None) -> tuple[bool, st
 def _judge_math_safe(op, response, reference) -> Judgement:
     try:
         return Judgement(*_judge_math(op, response, reference))
-    except Exception as e:  # noqa: BLE001 - one bad answer must not stop a batch
+    except Exception as e:  # one bad answer must not stop a batch
         return Judgement(False, None, f"error: {type(e).__name__}: {str(e)[:200]}")
-
-
-# --------------------------------------------------------------------------------------------
-# worker processes
-
-
-def _serve() -> None:
-    """Worker process main loop: one JSON request per stdin line, one JSON result per stdout line."""
-    proto = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # stray prints from libraries go to stderr, never into the protocol stream
-    sys.stdout = sys.stderr
-    ppid = os.getppid()
-
-    def watch_parent():
-        # A parent killed with SIGKILL cannot stop its workers; they notice and leave.
-        while os.getppid() == ppid:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch_parent, daemon=True).start()
-    _math_verify()
-    _parse_pred("\\boxed{\\frac{1}{2}}")  # first parse builds math-verify's regexes and antlr parser
-    proto.write(b'"ready"\n')
-    proto.flush()
-    for line in sys.stdin.buffer:
-        op, response, reference = json.loads(line)
-        j = _judge_math_safe(op, response, reference)
-        proto.write(json.dumps([j.status, j.correct, j.answer]).encode() + b"\n")
-        proto.flush()
-
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from swift_fast.grading import _serve; _serve()"
-
-
-class _WorkerFailed(RuntimeError):
-    pass
-
-
-class _Worker:
-    """One worker process, used by one thread at a time."""
-
-    def __init__(self):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, _ROOT],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-            # Own session: Ctrl-C in a terminal goes to the caller, which then stops its workers.
-            start_new_session=True,
-        )
-        self.rfd = self.proc.stdout.fileno()
-        self.wfd = self.proc.stdin.fileno()
-        os.set_blocking(self.rfd, False)
-        os.set_blocking(self.wfd, False)
-        self.buf = b""
-        self.ready = False
-
-    def exchange(self, requests: list[bytes], timeout: float) -> tuple[list[list], str | None]:
-        """Send the requests and read their results in order.
-
-        Returns the results received and None, or the results received before a failure and
-        "timeout" (the next result was more than ``timeout`` seconds late) or "crash". Raises
-        ``_WorkerFailed`` when the worker never became ready.
-        """
-        data = memoryview(b"".join(requests))
-        sent = 0
-        got: list[list] = []
-        sel = selectors.DefaultSelector()
-        sel.register(self.rfd, selectors.EVENT_READ)
-        if len(data):
-            sel.register(self.wfd, selectors.EVENT_WRITE)
-        deadline = time.monotonic() + (timeout if self.ready else STARTUP_TIMEOUT)
-        try:
-            while len(got) < len(requests):
-                wait = deadline - time.monotonic()
-                if wait <= 0:
-                    if not self.ready:
-                        raise _WorkerFailed(f"the math grading worker did not start within {STARTUP_TIMEOUT:.0f}s")
-                    return got, "timeout"
-                for key, _ in sel.select(wait):
-                    if key.fd == self.wfd:
-                        try:
-                            sent += os.write(self.wfd, data[sent : sent + (1 << 16)])
-                        except BlockingIOError:
-                            continue
-                        except (BrokenPipeError, OSError):
-                            return self._died(got)
-                        if sent == len(data):
-                            sel.unregister(self.wfd)
-                        continue
-                    try:
-                        chunk = os.read(self.rfd, 1 << 16)
-                    except BlockingIOError:
-                        continue
-                    if not chunk:
-                        return self._died(got)
-                    lines = (self.buf + chunk).split(b"\n")
-                    self.buf = lines.pop()
-                    for ln in lines:
-                        if self.ready:
-                            got.append(json.loads(ln))
-                        else:
-                            self.ready = True
-                        deadline = time.monotonic() + timeout
-        finally:
-            sel.close()
-        return got, None
-
-    def _died(self, got):
-        if not self.ready:
-            code = self.proc.wait()
-            raise _WorkerFailed(
-                f"the math grading worker exited during start-up (exit code {code}); its error is above. "
-                "Check that math-verify imports: python -c 'import math_verify'"
-            )
-        return got, "crash"
-
-    def kill(self) -> None:
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-class _Pool:
-    """Persistent workers of this process; threads check one out, use it, and give it back."""
-
-    def __init__(self):
-        self.pid = os.getpid()
-        self.cond = threading.Condition()
-        self.idle: list[_Worker] = []
-        self.live: set[_Worker] = set()
-
-    def acquire(self, limit: int) -> _Worker:
-        with self.cond:
-            while not self.idle and len(self.live) >= limit:
-                self.cond.wait()
-            if self.idle:
-                return self.idle.pop()
-            h = _Worker()
-            self.live.add(h)
-            return h
-
-    def release(self, h: _Worker) -> None:
-        with self.cond:
-            if h.proc.poll() is None and h in self.live:
-                self.idle.append(h)
-            else:
-                self._drop(h)
-            self.cond.notify()
-
-    def discard(self, h: _Worker) -> None:
-        with self.cond:
-            self._drop(h)
-            self.cond.notify()
-
-    def replace(self, h: _Worker) -> _Worker:
-        with self.cond:
-            self._drop(h)
-            new = _Worker()
-            self.live.add(new)
-            return new
-
-    def _drop(self, h: _Worker) -> None:
-        self.live.discard(h)
-        h.kill()
-
-    def shutdown(self) -> None:
-        with self.cond:
-            for h in list(self.live):
-                self._drop(h)
-            self.idle.clear()
-            self.cond.notify_all()
-
-
-_POOL: _Pool | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> _Pool:
-    global _POOL
-    p = _POOL
-    if p is None or p.pid != os.getpid():
-        with _POOL_LOCK:
-            if _POOL is None or _POOL.pid != os.getpid():
-                _POOL = _Pool()
-            p = _POOL
-    return p
-
-
-def _after_fork_in_child() -> None:
-    # The parent's workers belong to the parent: forget them (closing our copies of their pipes)
-    # and start fresh ones on demand.
-    global _POOL, _POOL_LOCK
-    p, _POOL, _POOL_LOCK = _POOL, None, threading.Lock()
-    if p is not None:
-        for h in p.live:
-            for f in (h.proc.stdin, h.proc.stdout):
-                try:
-                    f.close()
-                except OSError:
-                    pass
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(shutdown)
 
 
 def _run_math(op: str, items: list[tuple[str, str | None]], timeout: float | None, workers: int) -> list[Judgement]:
     if timeout is None:
         return [_judge_math_safe(op, r, ref) for r, ref in items]
-    requests = [json.dumps([op, r, ref]).encode() + b"\n" for r, ref in items]
-    results: list[Judgement | None] = [None] * len(items)
-    chunks = iter(range(0, len(items), CHUNK))
-    lock = threading.Lock()
-    pool = _pool()
-    limit = max(workers, default_workers())
+    from . import math_workers
 
-    def drive():
-        h = pool.acquire(limit)
-        clean = False
-        try:
-            while True:
-                with lock:
-                    start = next(chunks, None)
-                if start is None:
-                    clean = True
-                    return
-                idx = list(range(start, min(start + CHUNK, len(items))))
-                while idx:
-                    got, failure = h.exchange([requests[i] for i in idx], timeout)
-                    for i, (status, correct, answer) in zip(idx, got):
-                        results[i] = Judgement(bool(correct), answer, status)
-                    if failure is None:
-                        break
-                    # The answer in progress is the one that failed: it gets its verdict and the
-                    # rest of the chunk goes to a fresh worker.
-                    results[idx[len(got)]] = Judgement(False, None, failure)
-                    idx = idx[len(got) + 1 :]
-                    h = pool.replace(h)
-        finally:
-            # A worker left mid-exchange (an exception, Ctrl-C) may still answer old requests:
-            # it is never handed out again.
-            if clean:
-                pool.release(h)
-            else:
-                pool.discard(h)
-
-    n_threads = min(workers, (len(items) + CHUNK - 1) // CHUNK)
-    if n_threads <= 1:
-        drive()
-    else:
-        with ThreadPoolExecutor(n_threads, thread_name_prefix="swift-fast-grade") as ex:
-            for f in [ex.submit(drive) for _ in range(n_threads)]:
-                f.result()
-    return results  # type: ignore[return-value]
+    return math_workers.run(op, items, timeout, workers)

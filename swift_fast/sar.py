@@ -12,15 +12,27 @@ from __future__ import annotations
 
 import torch
 
+from .definitions import DEFAULT_SYSTEM_PROMPT
+
 # The fused entry points are the kernels' own functions, public here beside the reference math.
-from .kernels.sar_from_logits import mean_logprob, sar_from_logits, sar_from_means, sar_reference  # noqa: F401
-from .kernels.token_logprobs import token_logprobs  # noqa: F401
+from .kernels.sar_from_logits import mean_logprob, sar_from_logits, sar_from_means, sar_reference
+from .kernels.token_logprobs import token_logprobs
 from .kernels.token_logprobs_from_hidden import token_logprobs_from_hidden
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a reasoning expert assistant. Given a question, you will use your reasoning skills "
-    "to solve the problem."
-)
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_SYSTEM_PROMPT",
+    "mean_logprob",
+    "perplexity",
+    "rl_reward",
+    "sar_from_hidden",
+    "sar_from_logits",
+    "sar_from_means",
+    "sar_reference",
+    "sar_reward",
+    "token_logprobs",
+]
+
 DEFAULT_ALPHA = 0.2
 
 

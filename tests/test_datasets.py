@@ -161,3 +161,15 @@ def test_explicit_format_and_bad_arguments(tmp_path):
         load_dataset(p, kind="numeric")
     with pytest.raises(DataError, match="no data file"):
         load_dataset(str(tmp_path / "missing.jsonl"))
+
+
+def test_loading_data_starts_no_grading_machinery():
+    """The loaders need the answer kinds only: importing them registers no fork or exit handler
+    of the math grading workers."""
+    import subprocess
+    import sys
+
+    code = "import sys, swift_fast.datasets; print('swift_fast.math_workers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from swift_fast import grading
+from swift_fast import math_workers
 from swift_fast.datasets import load_dataset
 from swift_fast.grading import extract_answer, extract_many, grade, grade_many, judge_many
 
@@ -102,12 +102,16 @@ def test_math500_wrong_answers(math500):
 @pytest.mark.parametrize(
     "ref, right, wrong",
     [
-        (r"\frac65", [r"\boxed{1.2}", r"\boxed{6/5}", r"\boxed{\frac{6}{5}}", r"\boxed{\dfrac{6}{5}}", "The answer is 1.2."], [r"\boxed{1.25}"]),
+        (r"\frac65",
+         [r"\boxed{1.2}", r"\boxed{6/5}", r"\boxed{\frac{6}{5}}", r"\boxed{\dfrac{6}{5}}", "The answer is 1.2."],
+         [r"\boxed{1.25}"]),
         (r"1\frac{4}{5}", [r"\boxed{1.8}", r"\boxed{\frac{9}{5}}", r"\boxed{1\frac{4}{5}}"], [r"\boxed{1\frac{3}{5}}"]),
-        (r"10,\!080", [r"\boxed{10080}", r"\boxed{10,080}", r"\boxed{10\,080}", "The answer is 10,080."], [r"\boxed{10,081}"]),
+        (r"10,\!080", [r"\boxed{10080}", r"\boxed{10,080}", r"\boxed{10\,080}", "The answer is 10,080."],
+         [r"\boxed{10,081}"]),
         (r"\$32,\!348", [r"\boxed{\$32,348}", r"\boxed{32348}", r"\boxed{32348 \text{ dollars}}"], [r"\boxed{32,349}"]),
         (r"90^\circ", [r"\boxed{90}", r"\boxed{90^{\circ}}", r"\boxed{90 \text{ degrees}}"], [r"\boxed{45^\circ}"]),
-        (r"\text{Evelyn}", [r"\boxed{\text{Evelyn}}", r"\boxed{Evelyn}", r"\boxed{\textbf{Evelyn}}"], [r"\boxed{\text{Bob}}"]),
+        (r"\text{Evelyn}", [r"\boxed{\text{Evelyn}}", r"\boxed{Evelyn}", r"\boxed{\textbf{Evelyn}}"],
+         [r"\boxed{\text{Bob}}"]),
         (r"\text{(C)}", [r"\boxed{C}", r"\boxed{(C)}", r"\boxed{\text{(C)}}"], [r"\boxed{D}"]),
         (r"\frac{270}7\text{ degrees}", [r"\boxed{\frac{270}{7}}", r"\boxed{\frac{270}{7}^\circ}"], [r"\boxed{38.57}"]),
     ],
@@ -119,7 +123,8 @@ def test_math500_equivalent_forms(math500, ref, right, wrong):
 
 
 def test_boxed_variants():
-    for r in (r"\boxed 5", r"$\boxed{5}$", r"\boxed{\text{5}}", r"\[\boxed{5}\]", r"first $\boxed{3}$, then $\boxed{5}$"):
+    for r in (r"\boxed 5", r"$\boxed{5}$", r"\boxed{\text{5}}", r"\[\boxed{5}\]",
+              r"first $\boxed{3}$, then $\boxed{5}$"):
         assert grade(r, "5"), r
     assert not grade(r"first $\boxed{5}$, then $\boxed{3}$", "5")
     # math-verify reads boxes listed one after another as one set of answers: hedging is wrong.
@@ -289,11 +294,15 @@ def test_timeout_inside_a_daemonic_worker_process():
 def test_a_worker_that_dies_is_counted_and_replaced():
     assert grade(r"\boxed{2}", "2")  # a ready worker
     stats, out = {}, []
-    t = threading.Thread(target=lambda: out.append(grade_many([PATHOLOGICAL, r"\boxed{5}"], ["5", "5"], workers=1, timeout=60, stats=stats)))
+    t = threading.Thread(
+        target=lambda: out.append(
+            grade_many([PATHOLOGICAL, r"\boxed{5}"], ["5", "5"], workers=1, timeout=60, stats=stats)
+        )
+    )
     t.start()
     t.join(1.0)  # the worker is now inside the pathological answer
-    for h in list(grading._pool().live):
-        if h not in grading._pool().idle:
+    for h in list(math_workers.pool().live):
+        if h not in math_workers.pool().idle:
             h.proc.kill()
     t.join(120)
     assert not t.is_alive()
