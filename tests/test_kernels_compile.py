@@ -19,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _compile_all():
+    import importlib
     import tempfile
 
     import triton
@@ -26,7 +27,6 @@ def _compile_all():
     from triton.compiler import ASTSource
 
     from swift_fast.kernels import sar_from_logits as _  # noqa: F401  (registers modules)
-    import importlib
 
     sr = importlib.import_module("swift_fast.kernels.swift_reduce")
     st = importlib.import_module("swift_fast.kernels.streaming")
@@ -111,11 +111,7 @@ def _compile_all():
 
 @pytest.mark.filterwarnings("ignore")
 def test_kernels_compile_for_sm90():
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        pytest.skip("triton is not installed")
-    import triton
+    triton = pytest.importorskip("triton")
 
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     if not os.path.exists(ptxas):

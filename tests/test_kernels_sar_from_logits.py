@@ -185,3 +185,21 @@ def test_cuda_matches_reference(dtype, shape, fused):
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     for _ in range(3):
         assert torch.equal(got, sfl.sar_from_logits_triton(xq, x0, y, cu, fused=fused))
+
+
+# Launch settings small enough that every loop runs several tiles plus a tail: V = 517 over
+# BLOCK_V (5 tiles, the last of 5 logits), over SPLIT vocabulary slices, and each answer's rows
+# (up to 7; BLOCK_R a power of two) over BLOCK_R when its SAR is combined; fused (counters) and two-kernel forms.
+SAR_TILINGS = {
+    "v-tiles5-r-tiles4": dict(block_v=128, split=1, block_r=2),
+    "v-slices3-r-tiles2": dict(block_v=64, split=3, block_r=4),
+}
+
+
+@pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
+@pytest.mark.parametrize("fused", [True, False], ids=["one-launch", "two-kernels"])
+@pytest.mark.parametrize("config", SAR_TILINGS.values(), ids=SAR_TILINGS.keys())
+def test_every_loop_runs_several_tiles(config, fused):
+    xq, x0, y = _case(14, 517, torch.bfloat16, seed=5)
+    got = sfl.sar_from_logits_triton(xq, x0, y, CU, fused=fused, **config)
+    torch.testing.assert_close(got.double(), _hand(xq.float(), x0.float(), y, CU), atol=2e-5, rtol=1e-4)

@@ -248,3 +248,37 @@ def test_cuda_matches_reference_and_graph_replay(dtype):
     torch.cuda.synchronize()
     torch.testing.assert_close(state, 2 * once, rtol=1e-6, atol=1e-6)
     assert acc.abs().sum().item() == 0
+
+
+# Launch settings small enough that every loop runs several tiles plus a tail: d = 37 over
+# BLOCK_D = 8 (four tiles and a tail of 5), 11 tokens over BLOCK_T = 4 (programs and, in
+# ``finish_``, loop tiles 4 + 4 + 3), 6 slots over BLOCK_S = 4 (two slot programs, one partial).
+STREAM_TILINGS = {
+    "project-t-programs3-d-tiles5": dict(tiles=(4, 8)),
+    "project-t-programs11-d-tiles3": dict(tiles=(1, 16)),
+}
+FINISH_TILINGS = {
+    "finish-slot-programs2-t-tiles3": dict(block_s=4, block_t=4),
+    "finish-slot-programs6-t-tiles6": dict(block_s=1, block_t=2),
+}
+
+
+@pytest.mark.skipif(not (HAVE_TRITON and interpreting()), reason="needs the Triton interpreter")
+@pytest.mark.parametrize("rows", [2, 1], ids=["gate", "no-gate"])
+@pytest.mark.parametrize("finish", FINISH_TILINGS.values(), ids=FINISH_TILINGS.keys())
+@pytest.mark.parametrize("project", STREAM_TILINGS.values(), ids=STREAM_TILINGS.keys())
+def test_every_loop_runs_several_tiles(project, finish, rows):
+    g = torch.Generator().manual_seed(9)
+    t, d, n_layers = 11, 37, 2
+    hs = [torch.randn(t, d, generator=g).to(torch.bfloat16) for _ in range(n_layers)]
+    rs = [torch.randn(t, d, generator=g).to(torch.bfloat16), None]
+    weight = torch.randn(rows, n_layers * d, generator=g) * 0.2
+    bias = torch.randn(rows, generator=g)
+    slots = torch.tensor([4, 4, 4, -1, 0, 1, 1, 4, 9, -1, 5], dtype=torch.int32)
+    acc, state = st.new_buffers(16, 6)
+    for i in range(n_layers):
+        st.project_layer_triton(acc, hs[i], rs[i], weight[:, i * d : (i + 1) * d], **project)
+    st.finish_triton(acc, bias, slots, state, **finish)
+    want = _hand_state(list(zip(hs, rs)), weight, bias, slots, 6)
+    torch.testing.assert_close(state.double(), want, rtol=TOL[torch.bfloat16], atol=TOL[torch.bfloat16])
+    assert acc.abs().sum() == 0 and state[3].tolist() == [0.0, 0.0, 0.0]

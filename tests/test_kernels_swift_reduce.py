@@ -172,7 +172,7 @@ def test_errors_name_the_problem():
 @pytest.mark.parametrize("rows", [2, 1])
 def test_cuda_matches_reference(dtype, rows):
     layers, weight, bias = _case(dtype, rows=rows, t=3000, d=4096 + 7, k=6)
-    layers = [tuple(x.cuda() for x in l) if isinstance(l, tuple) else l.cuda() for l in layers]
+    layers = [tuple(x.cuda() for x in layer) if isinstance(layer, tuple) else layer.cuda() for layer in layers]
     cu = torch.tensor([0, 0, 1, 700, 700, 2999, 3000]).cuda()
     weight, bias = weight.cuda(), bias.cuda()
     want = sr.swift_reduce_reference(layers, weight, bias, cu)
@@ -181,3 +181,26 @@ def test_cuda_matches_reference(dtype, rows):
     for a, b, c in zip(got, want, again):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
         assert torch.equal(a, c)
+
+
+# Launch settings small enough that every loop of the Triton path runs several tiles plus a
+# tail: the hidden size over BLOCK_D (d = 37), layers over LAYERS_PER_LAUNCH (nine layers of two
+# kinds: launches of 4 + 1 pairs and 4 plain states), a segment's tokens over BLOCK within each of
+# SPLIT slices (the longest segment, 17 tokens), segments over BLOCK_B (7 segments).
+TILINGS = {
+    "d-tiles5-t-programs8-seg-blocks3-b-programs4": dict(block_t=4, block_d=8, split=2, block=4, block_b=2),
+    "d-tiles3-t-programs3-seg-slices4-b-programs2": dict(block_t=16, block_d=16, split=4, block=2, block_b=4),
+}
+
+
+@pytest.mark.skipif(not (HAVE_TRITON and interpreting()), reason="needs the Triton interpreter")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("config", TILINGS.values(), ids=TILINGS.keys())
+def test_every_loop_runs_several_tiles(config, dtype):
+    layers, weight, bias = _case(dtype, t=29, d=37, k=9, pairs=(0, 1, 2, 3, 4))
+    got = sr.swift_reduce_triton(layers, weight, bias, CU, **config)
+    want = sr.swift_reduce_reference(layers, weight, bias, CU)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(torch.stack(got).double(), _hand(layers, weight, bias, CU), rtol=TOL[dtype],
+                               atol=TOL[dtype])

@@ -124,7 +124,8 @@ def test_logit_feature_projection_in_the_same_pass(rows, split):
     torch.testing.assert_close(lp, lp_ref, atol=ATOL, rtol=RTOL)
     torch.testing.assert_close(z, z_ref, atol=1e-4, rtol=1e-4)
     hand = torch.tensor(
-        [[sum(float(x[t, i]) * float(w[j, i]) for i in range(700)) + float(b[j]) for j in range(rows)] for t in range(9)],
+        [[sum(float(x[t, i]) * float(w[j, i]) for i in range(700)) + float(b[j]) for j in range(rows)]
+         for t in range(9)],
         dtype=torch.float64,
     )
     torch.testing.assert_close(z.double(), hand, atol=1e-4, rtol=1e-4)
@@ -160,7 +161,9 @@ def test_from_hidden_matches_reference(backend, chunk_rows):
     want = tfh.token_logprobs_from_hidden_reference(hidden, lm_head, y)
     torch.testing.assert_close(got, want, atol=2e-2, rtol=1e-3)  # bf16 logits rounded per chunk GEMM
     # same chunk logits through the materialising reference: float32 agreement
-    exact = torch.cat([tlp.token_logprobs_reference(hidden[i : i + 4] @ lm_head.T, y[i : i + 4]) for i in range(0, 11, 4)])
+    exact = torch.cat(
+        [tlp.token_logprobs_reference(hidden[i : i + 4] @ lm_head.T, y[i : i + 4]) for i in range(0, 11, 4)]
+    )
     if chunk_rows == 4:
         torch.testing.assert_close(got, exact, atol=ATOL, rtol=RTOL)
     with pytest.raises(ValueError, match="same d"):
@@ -208,3 +211,29 @@ def test_cuda_memory_is_linear_in_rows():
     got = tfh.token_logprobs_from_hidden(hidden, lm_head, y, chunk_rows=256)
     want = tfh.token_logprobs_from_hidden_reference(hidden, lm_head, y)
     torch.testing.assert_close(got, want, atol=2e-2, rtol=1e-3)
+
+
+# Launch settings small enough that every loop runs several tiles plus a tail: V = 1031 over
+# BLOCK_V (the online logsumexp's loop), over SPLIT vocabulary slices (the last one shorter), and
+# the logit-feature projection's rows over BLOCK_T programs.
+LOGPROB_TILINGS = {
+    "v-tiles9": dict(block_v=128, split=1),
+    "v-slices3-of-tiles3": dict(block_v=128, split=3),
+    "v-slices5-of-tiles7": dict(block_v=32, split=5),
+}
+
+
+@pytest.mark.skipif(not INTERP, reason="needs the Triton interpreter")
+@pytest.mark.parametrize("projection", [False, True], ids=["logprobs", "logprobs+projection"])
+@pytest.mark.parametrize("config", LOGPROB_TILINGS.values(), ids=LOGPROB_TILINGS.keys())
+def test_every_loop_runs_several_tiles(config, projection):
+    x, y = _logits(11, 1031, torch.bfloat16, seed=8)
+    if projection:
+        g = torch.Generator().manual_seed(9)
+        w, b = torch.randn(2, 1031, generator=g) * 0.01, torch.randn(2, generator=g)
+        lp, z = tlp.token_logprobs_triton(x, y, w, b, **config)
+        hand_z = x.double() @ w.double().T + b.double()
+        torch.testing.assert_close(z.double(), hand_z, atol=1e-4, rtol=1e-4)
+    else:
+        lp = tlp.token_logprobs_triton(x, y, **config)
+    torch.testing.assert_close(lp.double(), _hand(x, y), atol=ATOL, rtol=RTOL)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -19,8 +20,8 @@ import torch
 BACKENDS = ("auto", "torch", "triton", "native")
 
 try:  # Triton is optional on the CPU; every op has a torch path.
-    import triton  # noqa: F401
-    import triton.language as tl  # noqa: F401
+    import triton
+    import triton.language as tl
 
     HAVE_TRITON = True
 except ImportError:  # pragma: no cover - depends on the install
@@ -96,3 +97,35 @@ def resolve(backend: str, device: torch.device, op: str, dtype: torch.dtype = No
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def row_major(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when its last dimension has unit stride (the kernels take a row stride and
+    need unit stride along a row), else a contiguous copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def same_device(op: str, **tensors) -> torch.device:
+    """The one device of ``tensors`` (``None`` values are skipped).
+
+    Raises ``ValueError`` naming every input and its device when they differ: a kernel given
+    another device's pointers would read the wrong memory (or fault) instead of failing clearly.
+    """
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    first = next(iter(devices.values()))
+    if any(d != first for d in devices.values()):
+        listing = ", ".join(f"{name} on {d}" for name, d in devices.items())
+        raise ValueError(f"{op}: all inputs must be on one device, got {listing}; move them with .to(device)")
+    return first
+
+
+def device_guard(device: torch.device):
+    """Context that makes ``device`` current for a Triton launch.
+
+    NOTE: Triton launches on the *current* CUDA device, whatever device the pointers belong to:
+    inputs on ``cuda:1`` launched while ``cuda:0`` is current read the wrong memory. Every
+    launcher enters this with its inputs' device.
+    """
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()

@@ -21,17 +21,29 @@ from __future__ import annotations
 
 import torch
 
-from ._dispatch import HAVE_TRITON, native_module, next_pow2, resolve, tl, triton
+from ._dispatch import (
+    HAVE_TRITON,
+    device_guard,
+    native_module,
+    next_pow2,
+    resolve,
+    row_major,
+    same_device,
+    tl,
+    triton,
+)
 from .swift_reduce import segment_sums
 from .token_logprobs import (
     BLOCK_V,
     NUM_STAGES,
     NUM_WARPS,
-    _row_major,
     check_inputs,
     choose_split,
     token_logprobs_reference,
 )
+
+#: Rows of a segment reduced per iteration when its answer's SAR is combined.
+BLOCK_R = 256
 
 # ----------------------------------------------------------------------------------------------
 # reference
@@ -72,8 +84,7 @@ def _check(logits_with_q, logits_without_q, targets, cu_seqlens):
         raise ValueError(
             f"both passes must score the same rows: {tuple(logits_with_q.shape)} vs {tuple(logits_without_q.shape)}"
         )
-    if logits_without_q.device != logits_with_q.device:
-        raise ValueError("both logits tensors must be on one device")
+    same_device("sar_from_logits", logits_with_q=logits_with_q, logits_without_q=logits_without_q, targets=targets)
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.is_floating_point():
         raise ValueError("cu_seqlens must be a 1-D integer tensor [B+1]")
     if cu_seqlens.device.type == "cpu":
@@ -185,9 +196,12 @@ if HAVE_TRITON:
 
 
 def sar_from_logits_triton(logits_with_q, logits_without_q, targets, cu_seqlens, temperature=1.0,
-                           fused=True, split=None, block_v=None, num_warps=None):
+                           fused=True, split=None, block_v=None, num_warps=None, block_r=BLOCK_R):
+    """The Triton path of :func:`sar_from_logits`. ``fused``: one launch (counters) or a second
+    kernel for the per-answer reduction; ``split``, ``block_v``, ``num_warps``, ``block_r`` are
+    launch settings (tests set them small so that every loop runs several tiles)."""
     _check(logits_with_q, logits_without_q, targets, cu_seqlens)
-    xq, x0 = _row_major(logits_with_q), _row_major(logits_without_q)
+    xq, x0 = row_major(logits_with_q), row_major(logits_without_q)
     t, v = xq.shape
     dev = xq.device
     b = cu_seqlens.numel() - 1
@@ -212,18 +226,17 @@ def sar_from_logits_triton(logits_with_q, logits_without_q, targets, cu_seqlens,
         part = torch.empty(2, t, split_p2, 3, dtype=torch.float32, device=dev)
         lp = out
     inv_temp = 1.0 / temperature
-    common = dict(SPLIT=split_p2, BLOCK_R=256)
-    if t > 0:
-        _sar_kernel[(t, split, 2)](
-            xq, xq.stride(0), x0, x0.stride(0), tg, cu, part, lp, cnt, out,
-            t, v, b, v_per, split, inv_temp,
-            LOG_STEPS=max(1, int(b).bit_length()), FUSED=fused, BLOCK_V=block_v, NUM_STAGES=NUM_STAGES,
-            num_warps=num_warps or NUM_WARPS, **common,
-        )
-    if not fused or t == 0:
-        _sar_finish_kernel[(b,)](
-            xq, xq.stride(0), x0, x0.stride(0), tg, cu, part, lp, out, t, v, split, inv_temp, **common
-        )
+    common = dict(xq_ptr=xq, sq=xq.stride(0), x0_ptr=x0, s0=x0.stride(0), tgt_ptr=tg, cu_ptr=cu, part_ptr=part,
+                  lp_ptr=lp, out_ptr=out, T=t, V=v, inv_temp=inv_temp, SPLIT=split_p2, BLOCK_R=block_r)
+    with device_guard(dev):
+        if t > 0:
+            _sar_kernel[(t, split, 2)](
+                **common, cnt_ptr=cnt, B=b, V_PER_SPLIT=v_per, N_SPLIT=split,
+                LOG_STEPS=max(1, int(b).bit_length()), FUSED=fused, BLOCK_V=block_v, NUM_STAGES=NUM_STAGES,
+                num_warps=num_warps or NUM_WARPS,
+            )
+        if not fused or t == 0:
+            _sar_finish_kernel[(b,)](**common, n_split=split)
     return out
 
 
@@ -254,7 +267,7 @@ def sar_from_logits(
     if which == "native":
         nat = native_module()
         return nat.sar_from_logits(
-            _row_major(logits_with_q), _row_major(logits_without_q), targets.long().contiguous(),
+            row_major(logits_with_q), row_major(logits_without_q), targets.long().contiguous(),
             cu_seqlens.long().contiguous(), float(temperature),
         )
     return sar_from_logits_reference(logits_with_q, logits_without_q, targets, cu_seqlens, temperature)

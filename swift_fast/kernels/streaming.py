@@ -38,7 +38,7 @@ from typing import Optional
 
 import torch
 
-from ._dispatch import HAVE_TRITON, native_module, resolve, tl, triton
+from ._dispatch import HAVE_TRITON, device_guard, native_module, resolve, same_device, tl, triton
 from .swift_reduce import finish_scores, native_fits, project_triton
 
 __all__ = [
@@ -57,6 +57,9 @@ __all__ = [
 
 
 def _check_project(acc: torch.Tensor, hidden: torch.Tensor, residual: Optional[torch.Tensor], weight_l: torch.Tensor):
+    dev = acc.device  # compared inline: this runs once per layer per step
+    if hidden.device != dev or weight_l.device != dev or (residual is not None and residual.device != dev):
+        same_device("project_layer_", acc=acc, hidden=hidden, residual=residual, weight_l=weight_l)
     if acc.dtype != torch.float32 or acc.dim() != 2 or acc.shape[1] < 1:
         raise ValueError(f"acc must be a float32 [N, 2] buffer, got {acc.dtype} {tuple(acc.shape)}")
     if hidden.dim() != 2:
@@ -76,6 +79,9 @@ def _check_project(acc: torch.Tensor, hidden: torch.Tensor, residual: Optional[t
 
 
 def _check_finish(acc: torch.Tensor, bias: torch.Tensor, slots: torch.Tensor, state: torch.Tensor):
+    dev = acc.device
+    if bias.device != dev or slots.device != dev or state.device != dev:
+        same_device("finish_", acc=acc, bias=bias, slots=slots, state=state)
     if acc.dtype != torch.float32 or acc.dim() != 2:
         raise ValueError(f"acc must be a float32 [N, 2] buffer, got {acc.dtype} {tuple(acc.shape)}")
     if bias.dim() != 1 or bias.numel() not in (1, 2) or bias.numel() > acc.shape[1]:
@@ -122,7 +128,8 @@ def finish_reference(acc, bias, slots, state) -> None:
 
 if HAVE_TRITON:
 
-    @triton.jit
+    # NOTE: T (the step's token count) is not specialised: no recompile when the batch changes.
+    @triton.jit(do_not_specialize=["T"])
     def _finish_kernel(acc_ptr, stride_acc, bias_ptr, slots_ptr, state_ptr, stride_state, T, S,
                        GATE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr):
         # NOTE: one program owns BLOCK_S slots and scans all T tokens: each slot's sum runs in a
@@ -187,23 +194,29 @@ def _which(t: torch.Tensor, op: str, dtype=None, paired: bool = False) -> str:
     return _cpu_backend
 
 
-def _project_layer_triton(acc, hidden, residual, weight_l) -> None:
+def project_layer_triton(acc, hidden, residual, weight_l, tiles: Optional[tuple] = None) -> None:
+    """The Triton path of ``project_layer_``; ``tiles`` = ``(block_t, block_d)`` overrides the
+    choice from ``PROJECT_TILES`` (tests)."""
     w = weight_l if weight_l.dtype == torch.float32 and weight_l.stride(-1) == 1 else weight_l.float().contiguous()
     t = hidden.shape[0]
     # few tokens (decode): one token a program, so a step still spreads over the SMs, with
     # tiles as wide as the large-T ones (16-byte loads for every thread)
-    block_t, block_d = PROJECT_TILES[0 if t >= 8192 else (1 if t >= 2048 else 2)]
+    block_t, block_d = tiles or PROJECT_TILES[0 if t >= 8192 else (1 if t >= 2048 else 2)]
     project_triton([(hidden, residual)], w, acc, accumulate=True, block_t=block_t, block_d=block_d)
 
 
-def _finish_triton(acc, bias, slots, state) -> None:
+def finish_triton(acc, bias, slots, state, block_s: int = FINISH_BLOCK_S, block_t: int = FINISH_BLOCK_T) -> None:
+    """The Triton path of ``finish_``; ``block_s``/``block_t`` are launch settings (tests set them
+    small so that the token loop runs several tiles)."""
     t = slots.shape[0]
     s = state.shape[0]
     if t > 0 and s > 0:
-        _finish_kernel[(triton.cdiv(s, FINISH_BLOCK_S),)](
-            acc, acc.stride(0), bias.to(torch.float32).contiguous(), slots, state, state.stride(0), t, s,
-            GATE=bias.numel() == 2, BLOCK_S=FINISH_BLOCK_S, BLOCK_T=FINISH_BLOCK_T,
-        )
+        with device_guard(acc.device):
+            _finish_kernel[(triton.cdiv(s, block_s),)](
+                acc_ptr=acc, stride_acc=acc.stride(0), bias_ptr=bias.to(torch.float32).contiguous(), slots_ptr=slots,
+                state_ptr=state, stride_state=state.stride(0), T=t, S=s,
+                GATE=bias.numel() == 2, BLOCK_S=block_s, BLOCK_T=block_t,
+            )
     acc[:t].zero_()
 
 
@@ -224,7 +237,7 @@ def _project_layer_impl(acc, hidden, residual, weight_l) -> None:
     _check_project(acc, hidden, residual, weight_l)
     which = _which(acc, "project_layer", hidden.dtype, residual is not None)
     if which == "triton":
-        _project_layer_triton(acc, hidden, residual, weight_l)
+        project_layer_triton(acc, hidden, residual, weight_l)
     elif which == "native" and native_fits(hidden, residual):
         native_module().project_layer(acc, hidden, residual, weight_l)
     else:
@@ -235,7 +248,7 @@ def _finish_impl(acc, bias, slots, state) -> None:
     _check_finish(acc, bias, slots, state)
     which = _which(acc, "finish")
     if which == "triton":
-        _finish_triton(acc, bias, slots, state)
+        finish_triton(acc, bias, slots, state)
     elif which == "native":
         native_module().finish(acc, bias, slots, state)
     else:

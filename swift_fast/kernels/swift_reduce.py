@@ -25,16 +25,25 @@ No float atomics anywhere: outputs are bit-identical run to run.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from ._dispatch import HAVE_TRITON, native_module, next_pow2, resolve, tl, triton
+from ..definitions import GATE_EPS
+from ._dispatch import (
+    HAVE_TRITON,
+    device_guard,
+    native_module,
+    next_pow2,
+    resolve,
+    row_major,
+    same_device,
+    tl,
+    triton,
+)
 from ._tl import round_code
 
 Layer = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
-
-GATE_EPS = 1e-8
 
 
 # ----------------------------------------------------------------------------------------------
@@ -137,6 +146,15 @@ def swift_reduce_reference(
 # checks shared by the fast paths
 
 
+def _check_devices(pairs, weight: torch.Tensor, bias: torch.Tensor) -> None:
+    """Every state, residual, weight and bias on one device (``cu_seqlens`` may stay on the CPU)."""
+    tensors = {"weight": weight, "bias": bias}
+    for i, (h, r) in enumerate(pairs):
+        tensors[f"layer {i}"] = h
+        tensors[f"layer {i} residual"] = r
+    same_device("swift_reduce", **tensors)
+
+
 def check_inputs(layers: Sequence[Layer], weight: torch.Tensor, bias: torch.Tensor, cu_seqlens: torch.Tensor):
     """Validate shapes; returns ``(pairs, T, d, rows)``."""
     if len(layers) == 0:
@@ -151,6 +169,7 @@ def check_inputs(layers: Sequence[Layer], weight: torch.Tensor, bias: torch.Tens
     if d * k != weight.shape[1]:
         raise ValueError(f"weight has {weight.shape[1]} columns, not a multiple of {k} layers")
     pairs = [_pair(layer) for layer in layers]
+    _check_devices(pairs, weight, bias)
     t = pairs[0][0].shape[0]
     for i, (h, r) in enumerate(pairs):
         if h.dim() != 2 or h.shape != (t, d):
@@ -159,8 +178,6 @@ def check_inputs(layers: Sequence[Layer], weight: torch.Tensor, bias: torch.Tens
             raise ValueError(f"layer {i} has dtype {h.dtype}; expected a float dtype")
         if r is not None and r.shape != h.shape:
             raise ValueError(f"layer {i}: residual {tuple(r.shape)} does not match hidden {tuple(h.shape)}")
-        if h.device != weight.device or (r is not None and r.device != h.device):
-            raise ValueError(f"layer {i} is on {h.device}, the weight on {weight.device}: move them to one device")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.is_floating_point():
         raise ValueError("cu_seqlens must be a 1-D integer tensor [B+1]")
     if cu_seqlens.device.type == "cpu":  # cheap to check without a device sync
@@ -180,6 +197,8 @@ LAYERS_PER_LAUNCH = 4
 #: Defaults (register use and load pipelining checked by compiling for sm_90; timings by the
 #: sweep in ``bench/gpu_check.sh``): 16 x 256 tiles, 8 warps, 3 tiles in flight, ~61 registers.
 BLOCK_T, BLOCK_D, NUM_WARPS, NUM_STAGES = 16, 256, 8, 3
+#: Tokens a segment program reads per loop iteration; segments per finishing program.
+SEGMENT_BLOCK, SEGMENT_BLOCK_B = 1024, 64
 
 if HAVE_TRITON:
     from ._tl import round_to
@@ -207,7 +226,9 @@ if HAVE_TRITON:
                 acc1 += tl.sum(h * w1[None, :], axis=1)
         return acc0, acc1
 
-    @triton.jit
+    # NOTE: T changes every step (decode batches, prefill chunks): not specialised, so a new
+    # batch size never triggers a recompile (vLLM's own per-step kernels do the same).
+    @triton.jit(do_not_specialize=["T"])
     def _project_kernel(
         z_ptr, stride_z, w_ptr, stride_w, T, D,
         h0, r0, sh0, sr0, h1, r1, sh1, sr1, h2, r2, sh2, sr2, h3, r3, sh3, sr3,
@@ -289,11 +310,6 @@ if HAVE_TRITON:
         tl.store(wsum_ptr + bs, w, mask=mb)
 
 
-def _row_major(x: torch.Tensor) -> torch.Tensor:
-    # the kernels take a row stride and need unit stride along d
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def project_triton(
     pairs: Sequence[Tuple[torch.Tensor, Optional[torch.Tensor]]],
     weight: torch.Tensor,
@@ -324,29 +340,32 @@ def project_triton(
 
     i = 0
     first = True
-    while i < len(pairs):
-        h, r = pairs[i]
-        # one launch reads up to LAYERS_PER_LAUNCH consecutive layers of one kind
-        group = [pairs[i]]
-        while (len(group) < LAYERS_PER_LAUNCH and i + len(group) < len(pairs)
-               and kind(pairs[i + len(group)]) == kind(pairs[i])):
-            group.append(pairs[i + len(group)])
-        args: List = []
-        for j in range(LAYERS_PER_LAUNCH):
-            gh, gr = group[min(j, len(group) - 1)]
-            gh = _row_major(gh)
-            gr = gh if gr is None else _row_major(gr)
-            args += [gh, gr, gh.stride(0), gr.stride(0)]
-        has_res = r is not None
-        rdt = torch.promote_types(h.dtype, r.dtype) if has_res else h.dtype
-        _project_kernel[grid](
-            z, z.stride(0), weight[:, i * d :], weight.stride(0), t, d, *args,
-            NUM_LAYERS=len(group), HAS_RES=has_res, ROUND=round_code(rdt), ROWS=rows,
-            ACCUMULATE=accumulate or not first, BLOCK_T=block_t, BLOCK_D=block_d, NUM_STAGES=num_stages,
-            num_warps=num_warps,
-        )
-        first = False
-        i += len(group)
+    with device_guard(z.device):
+        while i < len(pairs):
+            h, r = pairs[i]
+            # one launch reads up to LAYERS_PER_LAUNCH consecutive layers of one kind
+            group = [pairs[i]]
+            while (len(group) < LAYERS_PER_LAUNCH and i + len(group) < len(pairs)
+                   and kind(pairs[i + len(group)]) == kind(pairs[i])):
+                group.append(pairs[i + len(group)])
+            layer_args = {}
+            for j in range(LAYERS_PER_LAUNCH):
+                # unused slots repeat the group's last layer: valid pointers, never read
+                gh, gr = group[min(j, len(group) - 1)]
+                gh = row_major(gh)
+                gr = gh if gr is None else row_major(gr)
+                layer_args.update({f"h{j}": gh, f"r{j}": gr, f"sh{j}": gh.stride(0), f"sr{j}": gr.stride(0)})
+            has_res = r is not None
+            rdt = torch.promote_types(h.dtype, r.dtype) if has_res else h.dtype
+            _project_kernel[grid](
+                z_ptr=z, stride_z=z.stride(0), w_ptr=weight[:, i * d :], stride_w=weight.stride(0), T=t, D=d,
+                **layer_args,
+                NUM_LAYERS=len(group), HAS_RES=has_res, ROUND=round_code(rdt), ROWS=rows,
+                ACCUMULATE=accumulate or not first, BLOCK_T=block_t, BLOCK_D=block_d, NUM_STAGES=num_stages,
+                num_warps=num_warps,
+            )
+            first = False
+            i += len(group)
 
 
 def _split_for(t: int, b: int) -> int:
@@ -355,32 +374,44 @@ def _split_for(t: int, b: int) -> int:
     return next_pow2(max(1, min(64, triton.cdiv(t, 8192), max(1, 65536 // max(b, 1)))))
 
 
-def segment_reduce_triton(z: torch.Tensor, bias: torch.Tensor, cu_seqlens: torch.Tensor, gate: bool):
-    """Stage 2-3: ``z[T, rows]`` (without bias) -> ``(score, gate_sum, weighted_sum)`` float32 ``[B]``."""
+def segment_reduce_triton(z: torch.Tensor, bias: torch.Tensor, cu_seqlens: torch.Tensor, gate: bool,
+                          split: Optional[int] = None, block: int = SEGMENT_BLOCK, block_b: int = SEGMENT_BLOCK_B):
+    """Stage 2-3: ``z[T, rows]`` (without bias) -> ``(score, gate_sum, weighted_sum)`` float32 ``[B]``.
+
+    ``split`` (programs per segment, a power of two; default from the sizes), ``block`` (tokens a
+    program reads per iteration) and ``block_b`` (segments per finishing program) are launch
+    settings; tests set them small so that every loop runs several tiles.
+    """
     b = cu_seqlens.numel() - 1
     dev = z.device
     out = torch.empty(3, b, dtype=torch.float32, device=dev)
     if b == 0:
         return out[0], out[1], out[2]
-    split = _split_for(z.shape[0], b)
+    split = split or _split_for(z.shape[0], b)
     part = torch.empty(b, split, 2, dtype=torch.float32, device=dev)
     cu = cu_seqlens.to(device=dev)
-    _segment_partials_kernel[(b, split)](z, z.stride(0), bias, cu, part, SPLIT=split, GATE=gate, BLOCK=1024)
-    block_b = 64
-    _segment_finish_kernel[(triton.cdiv(b, block_b),)](
-        part, out[0], out[1], out[2], b, GATE_EPS, SPLIT=split, BLOCK_B=block_b
-    )
+    with device_guard(dev):
+        _segment_partials_kernel[(b, split)](
+            z_ptr=z, stride_z=z.stride(0), bias_ptr=bias, cu_ptr=cu, part_ptr=part, SPLIT=split, GATE=gate, BLOCK=block,
+        )
+        _segment_finish_kernel[(triton.cdiv(b, block_b),)](
+            part_ptr=part, score_ptr=out[0], gsum_ptr=out[1], wsum_ptr=out[2], B=b, EPS=GATE_EPS,
+            SPLIT=split, BLOCK_B=block_b,
+        )
     return out[0], out[1], out[2]
 
 
-def swift_reduce_triton(layers, weight, bias, cu_seqlens, **config):
+def swift_reduce_triton(layers, weight, bias, cu_seqlens, split=None, block=SEGMENT_BLOCK,
+                        block_b=SEGMENT_BLOCK_B, **project_config):
+    """The Triton path of :func:`swift_reduce`; ``project_config`` goes to :func:`project_triton`,
+    the rest to :func:`segment_reduce_triton`."""
     pairs, t, d, rows = check_inputs(layers, weight, bias, cu_seqlens)
     w = weight.detach().to(torch.float32).contiguous()
     bvec = bias.detach().to(device=w.device, dtype=torch.float32).contiguous()
     # the first launch writes z, the next ones add to it
     z = torch.empty(t, rows, dtype=torch.float32, device=w.device) if t else torch.zeros(1, rows, device=w.device)
-    project_triton(pairs, w, z, accumulate=False, **config)
-    return segment_reduce_triton(z, bvec, cu_seqlens, rows == 2)
+    project_triton(pairs, w, z, accumulate=False, **project_config)
+    return segment_reduce_triton(z, bvec, cu_seqlens, rows == 2, split=split, block=block, block_b=block_b)
 
 
 def native_fits(hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
@@ -415,8 +446,10 @@ def swift_reduce(
     """
     if len(layers) == 0:
         raise ValueError("swift_reduce needs at least one layer")
-    first = _pair(layers[0])[0]
-    paired = any(_pair(layer)[1] is not None for layer in layers)
+    pairs = [_pair(layer) for layer in layers]
+    _check_devices(pairs, weight, bias)
+    first = pairs[0][0]
+    paired = any(r is not None for _, r in pairs)
     which = resolve(backend, first.device, "swift_reduce", first.dtype, paired)
     if which == "triton":
         return swift_reduce_triton(layers, weight, bias, cu_seqlens)

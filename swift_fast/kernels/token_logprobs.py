@@ -24,7 +24,17 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ._dispatch import HAVE_TRITON, native_module, next_pow2, resolve, tl, triton
+from ._dispatch import (
+    HAVE_TRITON,
+    device_guard,
+    native_module,
+    next_pow2,
+    resolve,
+    row_major,
+    same_device,
+    tl,
+    triton,
+)
 
 # ----------------------------------------------------------------------------------------------
 # reference
@@ -68,8 +78,7 @@ def check_inputs(logits: torch.Tensor, targets: torch.Tensor, weight: Optional[t
         raise ValueError(
             f"targets must be integer [T={logits.shape[0]}], got {targets.dtype} {tuple(targets.shape)}"
         )
-    if targets.device != logits.device:
-        raise ValueError(f"targets are on {targets.device}, logits on {logits.device}")
+    same_device("token_logprobs", logits=logits, targets=targets, weight=weight)
     if weight is not None and (
         weight.dim() != 2 or weight.shape[0] not in (1, 2) or weight.shape[1] != logits.shape[1]
     ):
@@ -83,6 +92,8 @@ def check_inputs(logits: torch.Tensor, targets: torch.Tensor, weight: Optional[t
 #: ``bench/gpu_check.sh`` sweeps alternatives on the paper shape.
 BLOCK_V, NUM_WARPS, NUM_STAGES = 4096, 8, 3
 PROJ_BLOCK_T, PROJ_BLOCK_V = 8, 512
+#: Rows per program of the kernel that combines a split row's partials.
+COMBINE_BLOCK_T = 64
 #: Aim for this many programs per SM before splitting rows over the vocabulary.
 PROGRAMS_PER_SM = 8
 
@@ -182,7 +193,8 @@ if HAVE_TRITON:
         c_all = tl.sum(tl.where(below, 0.0, c), axis=1)
         return mm, s_all, c_all
 
-    @triton.jit
+    # NOTE: T is not specialised: the plugin calls this every step with that step's row count.
+    @triton.jit(do_not_specialize=["T"])
     def _logprob_kernel(x_ptr, stride_x, tgt_ptr, out_ptr, part_ptr, w_ptr, stride_w, z_ptr,
                         T, V, V_PER_SPLIT, inv_temp,
                         SPLIT: tl.constexpr, PROJ_ROWS: tl.constexpr,
@@ -208,7 +220,7 @@ if HAVE_TRITON:
             if PROJ_ROWS > 1:
                 tl.store(zo + 1, z1, mask=mask_t)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["T"])
     def _combine_kernel(x_ptr, stride_x, tgt_ptr, out_ptr, part_ptr, T, V, n_split, inv_temp,
                         SPLIT: tl.constexpr, BLOCK_T: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -235,14 +247,10 @@ def choose_split(n_row_programs: int, v: int, block_v: int, device: torch.device
     return max(1, min(split, triton.cdiv(v, block_v), 256))
 
 
-def _row_major(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def token_logprobs_triton(logits, targets, weight=None, bias=None, temperature=1.0, split=None,
                           block_v=None, num_warps=None, num_stages=NUM_STAGES):
     check_inputs(logits, targets, weight)
-    x = _row_major(logits)
+    x = row_major(logits)
     t, v = x.shape
     dev = x.device
     out = torch.empty(t, dtype=torch.float32, device=dev)
@@ -265,16 +273,18 @@ def token_logprobs_triton(logits, targets, weight=None, bias=None, temperature=1
             part = torch.empty(t, split_p2, 3, dtype=torch.float32, device=dev)
             if proj:
                 z.zero_()
-        _logprob_kernel[(n_rp, split)](
-            x, x.stride(0), targets, out, part, w, w.stride(0), z, t, v, v_per, 1.0 / temperature,
-            SPLIT=split_p2 if split > 1 else 1, PROJ_ROWS=proj, BLOCK_T=block_t, BLOCK_V=block_v,
-            NUM_STAGES=num_stages, num_warps=num_warps,
-        )
-        if split > 1:
-            cb = 64
-            _combine_kernel[(triton.cdiv(t, cb),)](
-                x, x.stride(0), targets, out, part, t, v, split, 1.0 / temperature, SPLIT=split_p2, BLOCK_T=cb,
+        with device_guard(dev):
+            _logprob_kernel[(n_rp, split)](
+                x_ptr=x, stride_x=x.stride(0), tgt_ptr=targets, out_ptr=out, part_ptr=part, w_ptr=w,
+                stride_w=w.stride(0), z_ptr=z, T=t, V=v, V_PER_SPLIT=v_per, inv_temp=1.0 / temperature,
+                SPLIT=split_p2 if split > 1 else 1, PROJ_ROWS=proj, BLOCK_T=block_t, BLOCK_V=block_v,
+                NUM_STAGES=num_stages, num_warps=num_warps,
             )
+            if split > 1:
+                _combine_kernel[(triton.cdiv(t, COMBINE_BLOCK_T),)](
+                    x_ptr=x, stride_x=x.stride(0), tgt_ptr=targets, out_ptr=out, part_ptr=part, T=t, V=v,
+                    n_split=split, inv_temp=1.0 / temperature, SPLIT=split_p2, BLOCK_T=COMBINE_BLOCK_T,
+                )
     if weight is None:
         return out
     zz = z.sum(dim=1) if split > 1 else z[:, 0]
@@ -307,5 +317,5 @@ def token_logprobs(
     if which == "triton":
         return token_logprobs_triton(logits, targets, weight, bias, temperature)
     if which == "native" and weight is None:
-        return native_module().token_logprobs(_row_major(logits), targets.long().contiguous(), float(temperature))
+        return native_module().token_logprobs(row_major(logits), targets.long().contiguous(), float(temperature))
     return token_logprobs_reference(logits, targets, weight, bias, temperature)

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from ._dispatch import same_device
 from .token_logprobs import token_logprobs, token_logprobs_reference
 
 #: Bytes of logits one chunk may hold.
@@ -47,6 +48,7 @@ def token_logprobs_from_hidden(
         )
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"targets must be [T={hidden.shape[0]}], got {tuple(targets.shape)}")
+    same_device("token_logprobs_from_hidden", hidden=hidden, lm_head=lm_head, targets=targets)
     if hidden.dtype != lm_head.dtype:
         raise ValueError(f"hidden is {hidden.dtype}, lm_head {lm_head.dtype}: cast one so they match")
     t, v = hidden.shape[0], lm_head.shape[0]
