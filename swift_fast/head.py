@@ -10,13 +10,43 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 FORMAT = "swift_fast.head/1"
-ALIGNMENTS = ("predicting", "emitted")
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Which states score a response token under one alignment (DESIGN 2), and what that costs.
+
+    Response token ``r_j`` sits at position ``P + j`` (``P`` = prompt length) and is scored with
+    the states at position ``P + j + state_offset``. Every path reads this table instead of
+    testing alignment names.
+    """
+
+    name: str
+    #: -1: the state whose logits produced ``r_j``; 0: the state where ``r_j`` is the input
+    state_offset: int
+    #: generation never computes the state of its last token as an input: scoring needs one
+    #: more forward of one token per sequence
+    extra_forward: bool
+    #: the vLLM plugin scores this alignment during generation
+    in_vllm: bool
+    #: what scores the first response token, in words (for error messages)
+    first_token_state: str
+
+
+ALIGNMENT = {
+    "predicting": Alignment("predicting", -1, extra_forward=False, in_vllm=True,
+                            first_token_state="the state of the last prompt token"),
+    "emitted": Alignment("emitted", 0, extra_forward=True, in_vllm=False,
+                         first_token_state="its own state"),
+}
+ALIGNMENTS = tuple(ALIGNMENT)
 FEATURES = ("hidden", "logits")
 #: ``layers`` value of a logit-feature head: the final logits are its one "layer".
 LOGITS_LAYER = -1
@@ -155,7 +185,10 @@ class SwiftHead(nn.Module):
     def check_model(self, config: Any, name: str | None = None) -> None:
         """Raise ``HeadError`` naming head and model when this head cannot score that model."""
         fp = model_fingerprint(config)
-        model = name or getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None) or fp["architecture"]
+        model = (
+            name or getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", None)
+            or fp["architecture"]
+        )
         head_desc = f"head trained on {self.model_name or 'an unnamed model'} ({_fp_str(self.model_fingerprint)})"
         problems = []
         if self.feature == "logits":

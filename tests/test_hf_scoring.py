@@ -3,7 +3,6 @@ against a float64 computation written here from ``output_hidden_states``."""
 
 import pytest
 import torch
-
 from hf_fixtures import FAMILIES, random_head, tiny_model_dir
 
 from swift_fast.head import HeadError, SwiftHead
@@ -22,8 +21,10 @@ def _chat_sequences(tok, gen: torch.Generator):
     """Prompts from the family's chat template (token ids), responses of random ids ending with
     the end-of-turn token, one of them empty."""
     out = []
-    for i, (q, m) in enumerate([("What is 2 + 3?", 7), ("Natalia sold clips.", 12), ("x = 5", 1), ("Hi", 0)]):
-        prompt = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False)
+    for _i, (q, m) in enumerate([("What is 2 + 3?", 7), ("Natalia sold clips.", 12), ("x = 5", 1), ("Hi", 0)]):
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False
+        )
         resp = torch.randint(3, tok.vocab_size, (m,), generator=gen).tolist()
         if m:
             resp[-1] = tok.eos_token_id
@@ -78,7 +79,9 @@ def test_swift_scores_match_float64_output_hidden_states(tmp_path_factory, famil
         )
         assert got.dtype == torch.float32 and got.shape == (len(seqs),)
         assert want[-1] == 0.0 and got[-1] == 0.0  # empty response scores 0 (DESIGN 2)
-        torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5, msg=f"{family} {sel} {alignment} {feature}")
+        torch.testing.assert_close(
+            got.double(), want, rtol=2e-5, atol=2e-5, msg=f"{family} {sel} {alignment} {feature}"
+        )
 
 
 def test_scores_do_not_depend_on_batching_or_padding(tmp_path_factory):
@@ -129,9 +132,13 @@ def test_head_on_the_wrong_model_is_refused(tmp_path_factory):
 def test_unsupported_architecture_is_a_clear_error():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0))
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0)
+    )
     head = SwiftHead(32, [0, 1])
-    with pytest.raises(UnsupportedModelError, match=r"unsupported architecture GPT2LMHeadModel.*Llama.*Qwen2.*Qwen3.*Mistral"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"unsupported architecture GPT2LMHeadModel.*Llama.*Qwen2.*Qwen3.*Mistral"
+    ):
         swift_scores(model, head, [[1, 2, 3]], [1])
 
 
@@ -151,3 +158,34 @@ def test_bad_spans_are_clear_errors(tmp_path_factory):
     # an empty response is no error: nothing is scored and R = 0
     emitted = SwiftHead(model.config.hidden_size, [0, 2], alignment="emitted")
     assert swift_scores(model, emitted, [[5, 6, 7], [8]], [3, 0]).tolist()[0] == 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("projection", ["step", "layer"])
+def test_model_split_over_two_devices(tmp_path_factory, projection):
+    """Layers alternate between cuda:0 and cuda:1 (the LM head on cuda:1): every state is
+    projected on its own device, offline and during generate, and the scores equal the CPU's."""
+    from transformers import AutoModelForCausalLM
+
+    from swift_fast.hf import GenerationScorer
+
+    path = tiny_model_dir(tmp_path_factory, "llama")
+    cpu, tok = _load(path, dtype=torch.float32)
+    L = cpu.config.num_hidden_layers
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": 1, "lm_head": 1}
+    device_map.update({f"model.layers.{i}": i % 2 for i in range(L)})
+    split = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, device_map=device_map).eval()
+    assert {p.device.index for p in split.model.layers.parameters()} == {0, 1}
+    pairs = _chat_sequences(tok, torch.Generator().manual_seed(4))
+    seqs, plens = [p + r for p, r in pairs], [len(p) for p, _ in pairs]
+    head = random_head(cpu.config.hidden_size, list(range(L + 1)), "predicting")
+    want = swift_scores(cpu, head, seqs, plens)
+    torch.testing.assert_close(swift_scores(split, head, seqs, plens), want, rtol=1e-4, atol=1e-4)
+    prompt = torch.tensor([pairs[0][0]], device="cuda:0")
+    out, got = GenerationScorer(split, head, projection=projection).generate(
+        input_ids=prompt, do_sample=False, max_new_tokens=6, return_dict_in_generate=True
+    )
+    gen = out.sequences[0].tolist()
+    offline = swift_scores(cpu, head, [gen], [prompt.shape[1]])
+    torch.testing.assert_close(got, offline, rtol=1e-4, atol=1e-4)

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..head import ALIGNMENTS, LOGITS_LAYER
+from ..head import ALIGNMENT, ALIGNMENTS, LOGITS_LAYER
 
 #: ``config.model_type`` -> family name, for the architectures whose layout is checked here.
 SUPPORTED_MODEL_TYPES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}
@@ -169,6 +169,7 @@ def check_spans(
     """Validate ``prompt_lengths`` against the sequences; return them as ints."""
     if alignment not in ALIGNMENTS:
         raise ValueError(f"alignment {alignment!r}: expected one of {ALIGNMENTS}")
+    need = -ALIGNMENT[alignment].state_offset  # prompt tokens before the first scored state
     plens = [int(p) for p in prompt_lengths]
     if len(plens) != len(sequences):
         raise ValueError(f"{len(sequences)} sequences but {len(plens)} prompt lengths")
@@ -177,15 +178,18 @@ def check_spans(
             raise ValueError(f"sequence {i} is empty: it needs at least its prompt")
         if not 0 <= p <= len(s):
             raise ValueError(f"sequence {i}: prompt length {p} is outside 0..{len(s)} (its length)")
-        if alignment == "predicting" and p < 1:
+        if p < need:
             raise ValueError(
-                f"sequence {i}: the 'predicting' alignment scores the first response token with the state of "
-                f"the last prompt token, so the prompt needs at least one token (prompt length is 0)"
+                f"sequence {i}: the '{alignment}' alignment scores the first response token with "
+                f"{ALIGNMENT[alignment].first_token_state}, so the prompt needs at least "
+                f"{'one token' if need == 1 else f'{need} tokens'} (prompt length is {p})"
             )
         if vocab_size is not None:
             lo, hi = min(s), max(s)
             if lo < 0 or hi >= vocab_size:
-                raise ValueError(f"sequence {i} holds token id {lo if lo < 0 else hi}, outside the vocabulary 0..{vocab_size - 1}")
+                raise ValueError(
+                    f"sequence {i} holds token id {lo if lo < 0 else hi}, outside the vocabulary 0..{vocab_size - 1}"
+                )
     return plens
 
 
@@ -197,7 +201,7 @@ def scored_rows(
     Returns ``(rows[N], cu_seqlens[B+1])`` (int64): sequence b's scored rows are
     ``rows[cu[b]:cu[b+1]]``, in token order.
     """
-    shift = 1 if alignment == "predicting" else 0
+    shift = -ALIGNMENT[alignment].state_offset
     rows, cu = [], [0]
     for b, (n, p) in enumerate(zip(lengths, prompt_lengths)):
         start = b * width + p - shift
@@ -221,7 +225,8 @@ def pad_right(sequences: list[list[int]], pad_id: int, device=None) -> tuple[tor
 def pad_id_of(model: nn.Module) -> int:
     """A token id to pad with (masked out, so any valid id works)."""
     cfg = getattr(model, "config", None)
-    for cand in (getattr(cfg, "pad_token_id", None), getattr(getattr(model, "generation_config", None), "pad_token_id", None)):
+    generation_config = getattr(model, "generation_config", None)
+    for cand in (getattr(cfg, "pad_token_id", None), getattr(generation_config, "pad_token_id", None)):
         if isinstance(cand, int):
             return cand
     return 0
@@ -264,13 +269,18 @@ def forward_scored_rows(
     rows, cu = scored_rows([len(s) for s in sequences], prompt_lengths, ids.shape[1], alignment, device)
     n = rows.numel()
 
+    rows_on = {rows.device: rows}  # a model split over devices: the row index on each layer's device
+
     def on_state(slot: int, h: torch.Tensor) -> None:
         if n == 0:
             return
         h2 = h.reshape(-1, h.shape[-1])
+        here = rows_on.get(h2.device)
+        if here is None:
+            here = rows_on[h2.device] = rows.to(h2.device)
         width = parts.vocab_size if feature == "logits" else h2.shape[-1]
         for ch in row_chunks(n, width):
-            x = h2.index_select(0, rows[ch])
+            x = h2.index_select(0, here[ch])
             if feature == "logits":
                 x = parts.lm_head(x)
             consume(slot, x, ch)

@@ -13,7 +13,8 @@ each selected layer takes that ``[B, d]`` row. Two ways to project it (``project
   supported families' layers do not: their residual adds are out of place).
 
 After generation the per-step projections (``[steps, B, 2]`` floats) are gated and averaged over
-each response, which is exactly offline scoring of the same token ids.
+each response, which is exactly offline scoring of the same token ids. A model split over
+devices is projected on each state's own device and added on the LM head's (:mod:`.projection`).
 
 Alignment (DESIGN 2):
 
@@ -42,9 +43,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..head import SwiftHead
-from ..kernels.streaming import finish_, project_layer_, scores_from_state
+from ..head import ALIGNMENT, SwiftHead
+from ..kernels.streaming import finish_, scores_from_state
 from .features import decoder_parts, state_hooks, state_indices
+from .projection import Projector
 from .scoring import check_head
 
 
@@ -106,16 +108,14 @@ class GenerationScorer:
         self.projection = projection
         self.indices = state_indices(head.layers, head.feature, self.parts.num_layers)
         dev = self.parts.device
-        w = head.weight.detach().to(dev, torch.float32)
-        d = head.hidden_size
-        self._w = [w[:, i * d : (i + 1) * d].contiguous() for i in range(len(self.indices))]
-        self._wt = w.T.contiguous()  # [k*d, rows]: the step's rows in head order times W^T
+        self._projector = Projector(head.weight, head.hidden_size, dev)
         self._bias = head.bias.detach().to(dev, torch.float32)
         # the state produced last in a forward: its hook closes the step ("step" projection)
         self._last_slot = max(range(len(self.indices)), key=lambda i: self.indices[i])
         self._rows: list[torch.Tensor | None] = [None] * len(self.indices)
         self._eos = eos_token_id
-        self._steps: list[torch.Tensor] = []
+        self._steps: list = []  # per forward: [B, rows] projections ("step") or per-device accumulators ("layer")
+        self._batch = 0  # rows of the recorded generation
         self._prompt_mask: torch.Tensor | None = None
         self._handles: list = []
         self._ctx = None
@@ -170,27 +170,26 @@ class GenerationScorer:
                     "each row) needs left padding; set tokenizer.padding_side = 'left'"
                 )
             self._prompt_mask = mask
-        if self.projection == "layer":
-            self._steps.append(torch.zeros((ref.shape[0], 2), dtype=torch.float32, device=ref.device))
-        else:
-            self._steps.append(None)
+        # "layer": per-device accumulators of the step, added up when scores are asked for
+        self._steps.append(self._projector.new_accumulators() if self.projection == "layer" else None)
+        self._batch = ref.shape[0]
 
     def _project(self, slot: int, h: torch.Tensor) -> None:
         if not self._steps:
             return
         x = h[:, -1, :]
         if self.projection == "layer":
-            project_layer_(self._steps[-1], x, None, self._w[slot])
+            self._projector.project(self._steps[-1], self._batch, slot, x)
             return
         # "step": keep the step's last-position row of each selected state ([B, d]; a decoding
         # step's layer outputs are fresh [B, 1, d] tensors that nothing modifies in place, so a
         # reference is enough; the prefill's [B, P, d] would stay alive through a view, so its
         # last row is copied) and project all of them at once when the last one is produced:
-        # one hook call per layer and three launches per step, fp32 accumulation as before.
+        # one hook call per layer and three launches per step (per device the states live on),
+        # fp32 accumulation as before.
         self._rows[slot] = x.clone() if h.shape[1] > 1 else x
         if slot == self._last_slot:
-            rows = self._rows[0] if len(self._rows) == 1 else torch.cat(self._rows, dim=-1)
-            self._steps[-1] = torch.mm(rows.float(), self._wt)
+            self._steps[-1] = self._projector.project_rows(self._rows)
             self._rows = [None] * len(self._rows)
 
     # -- results ---------------------------------------------------------------------------
@@ -216,12 +215,14 @@ class GenerationScorer:
             lengths = torch.as_tensor(response_lengths_, dtype=torch.long, device=seqs.device)
             if lengths.shape != (seqs.shape[0],) or (lengths < 0).any() or (lengths > gen_len).any():
                 raise GenerationError(f"response_lengths must be {seqs.shape[0]} ints in 0..{gen_len}")
-        if self.head.alignment == "emitted":
-            if len(self._steps) == gen_len:
-                self._final_step(output, seqs, gen_len)
-            z = torch.stack(self._steps[1 : gen_len + 1])
-        else:
-            z = torch.stack(self._steps[:gen_len])
+        align = ALIGNMENT[self.head.alignment]
+        if align.extra_forward and len(self._steps) == gen_len:
+            self._final_step(output, seqs, gen_len)
+        first = 1 + align.state_offset  # forward s (0: the prefill) computes position P + s - 1
+        steps = self._steps[first : first + gen_len]
+        if self.projection == "layer":
+            steps = [self._projector.total(accs, self._batch) for accs in steps]
+        z = torch.stack(steps)
         t = torch.arange(gen_len, device=z.device)[:, None]
         mask = t < lengths.to(z.device)[None, :]
         return _gated_scores(z, self._bias, mask).cpu()
@@ -230,14 +231,16 @@ class GenerationScorer:
         if not self._steps or self._prompt_mask is None:
             raise GenerationError("no generation was recorded: call generate while the scorer is attached")
         if any(z is None for z in self._steps):
-            raise GenerationError("a recorded forward pass did not run all the head's layers (interrupted?): generate again")
-        if self._steps[0].shape[0] != seqs.shape[0]:
             raise GenerationError(
-                f"the recorded generation has {self._steps[0].shape[0]} rows, the output {seqs.shape[0]}: "
+                "a recorded forward pass did not run all the head's layers (interrupted?): generate again"
+            )
+        if self._batch != seqs.shape[0]:
+            raise GenerationError(
+                f"the recorded generation has {self._batch} rows, the output {seqs.shape[0]}: "
                 "score the output of the most recent generate call"
             )
         gen_len = seqs.shape[1] - self._prompt_mask.shape[1]
-        expected = (gen_len, gen_len + 1) if self.head.alignment == "emitted" else (gen_len,)
+        expected = (gen_len, gen_len + 1) if ALIGNMENT[self.head.alignment].extra_forward else (gen_len,)
         if gen_len < 1 or len(self._steps) not in expected:
             raise GenerationError(
                 f"the scorer saw {len(self._steps)} forward passes for {gen_len} generated tokens: generate-time "
@@ -250,10 +253,10 @@ class GenerationScorer:
         cache = None if isinstance(output, torch.Tensor) else getattr(output, "past_key_values", None)
         if cache is None:
             raise GenerationError(
-                "this head uses the 'emitted' alignment, which scores each token with the state where it is the "
-                "input; generate never feeds the last generated token back, so one more decoding step is needed, "
-                "on the cache generate returns. Call generate with return_dict_in_generate=True (and use_cache on), "
-                "or use GenerationScorer.generate, which does; or score offline with swift_scores"
+                f"this head uses the '{self.head.alignment}' alignment, which scores each token with the state "
+                "where it is the input; generate never feeds the last generated token back, so one more decoding "
+                "step is needed, on the cache generate returns. Call generate with return_dict_in_generate=True "
+                "(and use_cache on), or use GenerationScorer.generate, which does; or score offline with swift_scores"
             )
         prompt_len = self._prompt_mask.shape[1]
         if cache.get_seq_length() != prompt_len + gen_len - 1:
@@ -262,9 +265,8 @@ class GenerationScorer:
                 "score the output of the most recent generate call, once"
             )
         b = seqs.shape[0]
-        mask = torch.cat(
-            [self._prompt_mask.to(seqs.device), torch.ones((b, gen_len), dtype=self._prompt_mask.dtype, device=seqs.device)], 1
-        )
+        prompt_mask = self._prompt_mask.to(seqs.device)
+        mask = torch.cat([prompt_mask, torch.ones((b, gen_len), dtype=prompt_mask.dtype, device=seqs.device)], 1)
         pos = mask.long().sum(-1, keepdim=True) - 1
         with torch.no_grad():
             kwargs = dict(
@@ -290,7 +292,7 @@ class GenerationScorer:
         if kwargs.get("use_cache") is False:
             raise GenerationError("generate-time scoring needs use_cache (one forward per generated token)")
         want_dict = kwargs.get("return_dict_in_generate", getattr(gc, "return_dict_in_generate", False))
-        if self.head.alignment == "emitted":
+        if ALIGNMENT[self.head.alignment].extra_forward:
             kwargs["return_dict_in_generate"] = True
         eos = kwargs.get("eos_token_id", getattr(gc, "eos_token_id", None))
         prev_eos = self._eos

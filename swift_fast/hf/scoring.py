@@ -4,7 +4,8 @@ Each selected state is projected onto the head's columns for it as soon as its l
 (forward hooks), into a float32 ``[N, 2]`` accumulator over the scored tokens; the states are
 never concatenated or kept, so peak memory is that of a plain forward of the decoder stack
 (less: no ``[B, T, V]`` logits are computed, and a logit-feature head computes logits for the
-scored rows only, a chunk at a time).
+scored rows only, a chunk at a time). A model split over devices is projected layer by layer on
+each layer's own device (:mod:`.projection`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from ..head import SwiftHead
-from ..kernels.streaming import finish_, project_layer_, scores_from_state
+from ..kernels.streaming import finish_, scores_from_state
 from .features import (
     as_token_lists,
     check_spans,
@@ -25,6 +26,7 @@ from .features import (
     pad_id_of,
     state_indices,
 )
+from .projection import Projector
 
 
 def check_head(model: nn.Module, head: SwiftHead) -> None:
@@ -60,10 +62,8 @@ def swift_scores(
     plens = check_spans(seqs, prompt_lengths, head.alignment, parts.vocab_size)
     indices = state_indices(head.layers, head.feature, parts.num_layers)
     device = parts.device
-    weight = head.weight.detach().to(device, torch.float32)
+    projector = Projector(head.weight, head.hidden_size, device)
     bias = head.bias.detach().to(device, torch.float32)
-    d = head.hidden_size
-    w_layers = [weight[:, i * d : (i + 1) * d] for i in range(len(indices))]
     out = torch.zeros(len(seqs), dtype=torch.float32)
     batches = length_batches([len(s) for s in seqs], batch_size)
     bar = _bar(len(seqs), progress, "swift scores")
@@ -72,16 +72,16 @@ def swift_scores(
         bseqs = [seqs[i] for i in idx]
         bplens = [plens[i] for i in idx]
         n = sum(len(s) - p for s, p in zip(bseqs, bplens))
-        acc = torch.zeros((max(n, 1), 2), dtype=torch.float32, device=device)
+        accs = projector.new_accumulators()
 
-        def consume(slot, x, ch, acc=acc):
-            project_layer_(acc[ch], x, None, w_layers[slot])
+        def consume(slot, x, ch, accs=accs, n=n):
+            projector.project(accs, n, slot, x, ch)
 
         cu = forward_scored_rows(parts, bseqs, bplens, head.alignment, indices, head.feature, consume, pad)
         state = torch.zeros((len(idx), 3), dtype=torch.float32, device=device)
         if n:
-            slots = torch.repeat_interleave(torch.arange(len(idx), device=device), cu[1:] - cu[:-1])
-            finish_(acc, bias, slots, state)
+            slots = torch.repeat_interleave(torch.arange(len(idx), device=device), (cu[1:] - cu[:-1]).to(device))
+            finish_(projector.total(accs, n), bias, slots, state)
         out[torch.tensor(idx)] = scores_from_state(state).cpu()
         if bar is not None:
             bar.update(len(idx))
