@@ -73,7 +73,7 @@ def engine(args, path: str, config: dict | None):
 
 
 def worker_cpu(llm) -> float:
-    from swift_fast.vllm_plugin.runner import plugin_state
+    from swift_fast.vllm_plugin.diagnostics import plugin_state
 
     return sum(w["cpu_seconds"] for w in llm.collective_rpc(plugin_state))
 
@@ -116,7 +116,9 @@ def main(argv=None) -> int:
 
     vocab = AutoTokenizer.from_pretrained(path).vocab_size
     rng = random.Random(0)
-    prompts = [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(args.prompt_len)]} for _ in range(args.batch)]
+    prompts = [
+        {"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(args.prompt_len)]} for _ in range(args.batch)
+    ]
 
     variants = {"off": None, "swift": {"head": hp}}
     if args.sar:
@@ -128,7 +130,7 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         engines[name] = engine(args, path, cfg)
         print(f"[{name}] engine up in {time.perf_counter() - t:.1f}s", flush=True)
-    for name, llm in engines.items():
+    for _name, llm in engines.items():
         timed_round(llm, prompts, args)  # warm-up
     times: dict[str, list[float]] = {n: [] for n in engines}
     cpu: dict[str, list[float]] = {n: [] for n in engines}
@@ -138,7 +140,8 @@ def main(argv=None) -> int:
             dt, cs, ntok = timed_round(engines[name], prompts, args)
             times[name].append(ntok / dt)
             cpu[name].append(1e3 * cs / ntok)
-            print(f"round {r} {name:10s} {ntok / dt:9.1f} tok/s  {1e3 * cs / ntok:7.2f} worker CPU ms/token", flush=True)
+            print(f"round {r} {name:10s} {ntok / dt:9.1f} tok/s  {1e3 * cs / ntok:7.2f} worker CPU ms/token",
+                  flush=True)
     med = {n: statistics.median(v) for n, v in times.items()}
     ratio = med["swift"] / med["off"]
     # each round times both engines back to back: the per-round ratio cancels slow drifts in load
@@ -147,18 +150,22 @@ def main(argv=None) -> int:
 
     result = {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.cpu_count()} CPUs, torch {torch.__version__}" + (", CUDA" if torch.cuda.is_available() else ""),
-        "model": f"random Llama, hidden {args.hidden}, {args.layers} layers, {params / 1e6:.1f}M parameters, {args.dtype}",
+        "machine": (f"{os.cpu_count()} CPUs, torch {torch.__version__}"
+                    + (", CUDA" if torch.cuda.is_available() else "")),
+        "model": (f"random Llama, hidden {args.hidden}, {args.layers} layers, "
+                  f"{params / 1e6:.1f}M parameters, {args.dtype}"),
         "head": f"all {args.layers + 1} hidden states, gated",
         "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.tokens,
         "compile": not args.eager, "rounds": args.rounds, "build_order": list(variants),
         "tokens_per_s": times, "median_tokens_per_s": med,
         "swift_over_off": ratio, "slowdown_percent": 100 * (1 - ratio),
         "paired_ratio_median": statistics.median(paired), "paired_ratio_range": [paired[0], paired[-1]],
-        "worker_cpu_ms_per_token": cpu, "median_worker_cpu_ms_per_token": {n: statistics.median(v) for n, v in cpu.items()},
+        "worker_cpu_ms_per_token": cpu,
+        "median_worker_cpu_ms_per_token": {n: statistics.median(v) for n, v in cpu.items()},
         "worker_cpu_swift_over_off": statistics.median(cpu["swift"]) / statistics.median(cpu["off"]),
     }
-    print(json.dumps({k: v for k, v in result.items() if k not in ("tokens_per_s", "worker_cpu_ms_per_token")}, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("tokens_per_s", "worker_cpu_ms_per_token")},
+                     indent=2))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

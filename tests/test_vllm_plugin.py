@@ -24,8 +24,8 @@ import torch
 
 pytest.importorskip("vllm")
 
-from swift_fast.head import HeadError, SwiftHead  # noqa: E402
-from swift_fast.testing import build_tiny_model  # noqa: E402
+from swift_fast.head import HeadError, SwiftHead
+from swift_fast.testing import build_tiny_model
 
 RTOL, ATOL = 1e-4, 1e-5
 KV_BYTES_PER_TOKEN = 2 * 2 * 1 * 64 * 4  # layers x (k, v) x kv heads x head_dim x float32
@@ -77,26 +77,26 @@ class Ref:
 
 def flatten(results, prompts):
     """``(prompts, responses, outputs)`` per candidate, in order."""
-    P, R, O = [], [], []
+    P, R, outs = [], [], []
     for res, p in zip(results, prompts):
         for c in res.outputs:
             P.append(p)
             R.append(list(c.token_ids))
-            O.append(c)
-    return P, R, O
+            outs.append(c)
+    return P, R, outs
 
 
 def assert_scores(ref: Ref, head, results, prompts, sar: bool = False):
-    P, R, O = flatten(results, prompts)
-    assert O, "no candidates"
-    for c, r in zip(O, R):
+    P, R, outs = flatten(results, prompts)
+    assert outs, "no candidates"
+    for c, r in zip(outs, R):
         assert c.swift_tokens == len(r), "every generated token is scored exactly once"
-    got = torch.tensor([c.swift_score for c in O], dtype=torch.float32)
+    got = torch.tensor([c.swift_score for c in outs], dtype=torch.float32)
     torch.testing.assert_close(got, ref.swift(head, P, R), rtol=RTOL, atol=ATOL)
     if sar:
-        got_sar = torch.tensor([c.sar for c in O], dtype=torch.float32)
+        got_sar = torch.tensor([c.sar for c in outs], dtype=torch.float32)
         torch.testing.assert_close(got_sar, ref.sar(P, R), rtol=RTOL, atol=ATOL)
-    return O
+    return outs
 
 
 @contextlib.contextmanager
@@ -237,6 +237,22 @@ def test_emitted_head_is_refused_with_the_reason(models, tmp_path):
             additional_config={"swift_fast": {"head": str(hp)}})
 
 
+def test_front_end_modules_load_neither_kernels_nor_triton():
+    """The front end (API server, LLM) only sums floats: importing its modules must not register
+    the kernels' custom ops or import Triton in that process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, swift_fast.vllm_plugin.frontend, swift_fast.vllm_plugin.serving, "
+        "swift_fast.vllm_plugin.transport; "
+        "print(sorted(m for m in sys.modules if m.startswith(('swift_fast.kernels', 'triton'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
 @pytest.mark.parametrize(
     "section, match",
     [
@@ -282,7 +298,7 @@ def test_missing_head_file_is_a_clear_error(models, tmp_path):
 def test_without_config_the_engine_is_untouched(models):
     from vllm import LLM
 
-    from swift_fast.vllm_plugin.runner import plugin_state
+    from swift_fast.vllm_plugin.diagnostics import plugin_state
 
     with env(VLLM_ENABLE_V1_MULTIPROCESSING=0):
         llm = LLM(model=models["qwen2"], dtype="float32", enforce_eager=True, max_model_len=128,
@@ -306,9 +322,9 @@ def test_scores_and_sar_match_hf_with_n_gt_1(llama):
     llm, head, ref = llama
     prompts = [ref.prompt(t) for t in TEXTS]
     res = llm.generate(tokens(prompts), sp(n=3, max_tokens=12))
-    O = assert_scores(ref, head, res, prompts, sar=True)
-    assert len({round(c.swift_score, 6) for c in O}) > 1
-    assert all(-1.0 <= c.sar <= 1.0 for c in O)
+    outs = assert_scores(ref, head, res, prompts, sar=True)
+    assert len({round(c.swift_score, 6) for c in outs}) > 1
+    assert all(-1.0 <= c.sar <= 1.0 for c in outs)
 
 
 def test_chunked_prefill_is_exact(llama):
@@ -390,8 +406,8 @@ def test_memory_stays_flat_over_many_requests(llama):
     """No per-token or per-request state outlives its request, in the front end or the worker:
     what swift-fast's own code holds (tracemalloc) does not grow from one round of 64 candidates
     (and their 64 SAR passes) to the next."""
+    from swift_fast.vllm_plugin.diagnostics import plugin_state, traced_bytes
     from swift_fast.vllm_plugin.frontend import Accumulator
-    from swift_fast.vllm_plugin.runner import plugin_state, traced_bytes
 
     llm, head, ref = llama
     eng = llm.llm_engine
@@ -432,8 +448,8 @@ def test_in_process_engine_scores_match_hf(qwen):
     assert section["_head_sha256"] == sha256_of(section["head"])  # compile caches are keyed on it
     prompts = [ref.prompt(t) for t in TEXTS]
     res = llm.generate(tokens(prompts), sp(n=2, max_tokens=14))
-    O = assert_scores(ref, head, res, prompts)
-    assert all(not hasattr(c, "sar") for c in O)
+    outs = assert_scores(ref, head, res, prompts)
+    assert all(not hasattr(c, "sar") for c in outs)
 
 
 def test_scored_and_unscored_requests_side_by_side(qwen):
@@ -456,7 +472,9 @@ def test_max_tokens_and_stop_token_ids(qwen):
     assert all(r.outputs[0].finish_reason == "length" and len(r.outputs[0].token_ids) == 20 for r in long)
     # stop on a token the first run generated: it ends the response and is part of it
     stop_id = long[0].outputs[0].token_ids[5]
-    cut = llm.generate(tokens(prompts[:1]), sp(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[stop_id]))
+    cut = llm.generate(
+        tokens(prompts[:1]), sp(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[stop_id])
+    )
     c = cut[0].outputs[0]
     assert c.finish_reason == "stop" and c.token_ids[-1] == stop_id and len(c.token_ids) <= 6
     assert_scores(ref, head, long + cut, prompts + prompts[:1])

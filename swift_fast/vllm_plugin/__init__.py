@@ -6,10 +6,10 @@ Installing swift-fast registers :func:`register` under the entry-point group
 ``vllm.general_plugins``; vLLM calls it in every process it starts (front end, engine core,
 workers), before any configuration exists. ``register`` only wraps a few constructors
 (``EngineArgs.create_engine_config``, ``LLMEngine``/``AsyncLLM``, the scheduler, the model
-runner's ``load_model``; the OpenAI serving handlers once an engine with a head exists). Each wrapper looks for ``additional_config["swift_fast"]`` (see
-:mod:`.config`) and, when it is absent, returns what vLLM built untouched: without the config
-the plugin changes no object and costs nothing per step. ``VLLM_PLUGINS=swift_fast`` restricts
-vLLM to this plugin.
+runner's ``load_model``; the OpenAI serving handlers once an engine with a head exists). Each
+wrapper looks for ``additional_config["swift_fast"]`` (see :mod:`.config`) and, when it is
+absent, returns what vLLM built untouched: without the config the plugin changes no object and
+costs nothing per step. ``VLLM_PLUGINS=swift_fast`` restricts vLLM to this plugin.
 
 Data path (vLLM 0.32, V1 model runner)
 --------------------------------------
@@ -28,11 +28,13 @@ Data path (vLLM 0.32, V1 model runner)
 3. Step (:mod:`.runner`, wraps ``execute_model``/``_sample``/``sample_tokens`` of the runner
    instance): rows that sample a kept token get a slot, ``finish_`` gates and sums their
    projection, and the step's per-request values (one token's ``g r``, ``g`` and, with SAR, the
-   sampled token's log-prob under the model's unprocessed distribution) ride on the
-   ``ModelRunnerOutput``. The worker holds no score state across steps.
-4. Engine core (:mod:`.transport`): after ``Scheduler.update_from_output`` built the per-request
-   ``EngineCoreOutput``s, the values go into ``ec_transfer_params["swift_fast"]`` of the output
-   that carries the token: the same object in-process, msgpack over ZMQ in multiprocess mode.
+   sampled token's log-prob under the model's unprocessed distribution, :mod:`.sar_worker`)
+   ride on the ``ModelRunnerOutput``. The worker holds no score state across steps, and the
+   step never waits for the device (index uploads through :mod:`.staging`).
+4. Engine core (:mod:`.transport`, which also names the values' fields): after
+   ``Scheduler.update_from_output`` built the per-request ``EngineCoreOutput``s, the values go
+   into ``ec_transfer_params["swift_fast"]`` of the output that carries the token: the same
+   object in-process, msgpack over ZMQ in multiprocess mode.
 5. Front end (:mod:`.frontend`, wraps the engine's ``OutputProcessor``): the values are popped
    (users never see the key) and summed per request exactly for the tokens appended to the
    output; ``CompletionOutput`` gets ``swift_score``, ``swift_tokens`` and ``sar``. SAR holds a
@@ -42,6 +44,7 @@ Data path (vLLM 0.32, V1 model runner)
 
 Per-request results therefore need no side channel, RPC or shared memory: they travel with the
 tokens, in both engine-core modes, and a token's value reaches the user only if the token does.
+:mod:`.diagnostics` reports what the plugin holds in each worker (``collective_rpc``).
 
 Exactness
 ---------

@@ -23,8 +23,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..head import HeadError, SwiftHead
-from ..sar import DEFAULT_SYSTEM_PROMPT
+from ..definitions import DEFAULT_SYSTEM_PROMPT
+from ..head import ALIGNMENT, HeadError, SwiftHead
 
 #: key of the plugin's section in ``VllmConfig.additional_config`` and in ``SamplingParams.extra_args``
 KEY = "swift_fast"
@@ -80,10 +80,34 @@ class PluginConfig:
             raise PluginConfigError(
                 f'additional_config["{KEY}"]["select"] = {select!r} ranks by SAR: set "sar": true as well'
             )
-        return cls(head_path=os.path.abspath(os.path.expanduser(head)), sar=sar, sar_system_prompt=system, select=select)
+        head_path = os.path.abspath(os.path.expanduser(head))
+        return cls(head_path=head_path, sar=sar, sar_system_prompt=system, select=select)
 
     def load_head(self) -> SwiftHead:
         return SwiftHead.load(self.head_path)
+
+
+# -- request kinds ------------------------------------------------------------------------------
+#: A request the plugin scores, one it leaves alone (opted out, or no sampling parameters), and a
+#: SAR question-removed pass the front end submitted for a finished candidate.
+SCORE, SKIP, SAR_PASS = 0, 1, 2
+
+
+def request_kind(sampling_params) -> tuple[int, int]:
+    """``(kind, q0_len)`` of a request from its ``SamplingParams.extra_args`` (``q0_len``: tokens of
+    the question-removed prompt that precede the answer, for a SAR pass; 0 otherwise)."""
+    if sampling_params is None:
+        return SKIP, 0
+    extra = sampling_params.extra_args or {}
+    own = extra.get(KEY)
+    if isinstance(own, dict):
+        if "sar_pass" in own:
+            return SAR_PASS, int(own["sar_pass"])
+        if own.get("score") is False:
+            return SKIP, 0
+    if extra.get("swift_fast_score") in (False, "false", "0", 0):
+        return SKIP, 0
+    return SCORE, 0
 
 
 def section_of(vllm_config: Any) -> Any:
@@ -117,7 +141,7 @@ def check_engine(vllm_config: Any, head: SwiftHead) -> None:
     model_config = vllm_config.model_config
     name = getattr(model_config, "model", None)
     head.check_model(model_config.hf_config, name=name)
-    if head.alignment == "emitted":
+    if not ALIGNMENT[head.alignment].in_vllm:
         raise HeadError(
             f"the SWIFT head {head.model_name or ''} uses the 'emitted' alignment (the paper's: token r_j scored "
             "with the states where r_j is the input). During generation vLLM never computes the states of the "

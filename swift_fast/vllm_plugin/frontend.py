@@ -29,13 +29,12 @@ import math
 import types
 from typing import Any
 
+from ..definitions import GATE_EPS
 from . import transport
-from .config import KEY, PluginConfig
-from .runner import SCORE, request_kind
+from .config import KEY, SCORE, PluginConfig, request_kind
+from .transport import Values
 
 logger = logging.getLogger("swift_fast.vllm_plugin")
-
-GATE_EPS = 1e-8
 
 
 class Accumulator:
@@ -53,12 +52,12 @@ class Accumulator:
         self.held: tuple | None = None
         self.released = False
 
-    def add(self, v) -> None:
-        self.wsum += v[0]
-        self.gsum += v[1]
-        self.n += int(v[2])
-        self.lp += v[3]
-        self.lpn += int(v[4])
+    def add(self, v: Values) -> None:
+        self.wsum += v.weighted
+        self.gsum += v.gate
+        self.n += int(v.tokens)
+        self.lp += v.logp
+        self.lpn += int(v.logp_tokens)
 
     def score(self) -> float | None:
         if not self.scored:
@@ -221,23 +220,25 @@ class FrontEnd:
         self.input_processor.assign_request_id(req)
         return req
 
-    def _pass_done(self, pass_id: str, rs, v, finish_reason) -> None:
+    def _pass_done(self, pass_id: str, rs, v: Values | None, finish_reason) -> None:
         self.passes.pop(pass_id, None)
         self.pass_of.pop(rs.request_id, None)
         acc = rs._swift_fast
-        if v is None or v[4] <= 0 or acc.lpn <= 0:
-            logger.warning("swift-fast: SAR pass for request %s returned no log-probs (%s)", rs.external_req_id, finish_reason)
+        if v is None or v.logp_tokens <= 0 or acc.lpn <= 0:
+            logger.warning(
+                "swift-fast: SAR pass for request %s returned no log-probs (%s)", rs.external_req_id, finish_reason
+            )
             acc.sar = math.nan
-        elif int(v[4]) != acc.lpn:
+        elif int(v.logp_tokens) != acc.lpn:
             # both passes must cover the same answer tokens; a mean over different sets would be
             # a plausible-looking but wrong reward
             logger.warning(
                 "swift-fast: SAR for request %s: the question-removed pass scored %d answer tokens, the "
-                "generation %d; reporting NaN", rs.external_req_id, int(v[4]), acc.lpn,
+                "generation %d; reporting NaN", rs.external_req_id, int(v.logp_tokens), acc.lpn,
             )
             acc.sar = math.nan
         else:
-            acc.sar = sar_value(acc.lp / acc.lpn, v[3] / v[4])
+            acc.sar = sar_value(acc.lp / acc.lpn, v.logp / v.logp_tokens)
         self.to_release.append(rs)
 
 

@@ -121,7 +121,9 @@ class ForwardScoring:
     modules: list = field(default_factory=list)
 
 
-def install(model: nn.Module, head: SwiftHead, max_tokens: int, device: torch.device, architecture: str = "") -> ForwardScoring:
+def install(
+    model: nn.Module, head: SwiftHead, max_tokens: int, device: torch.device, architecture: str = ""
+) -> ForwardScoring:
     """Hook ``head``'s hidden states into ``model`` (a logit-feature head hooks nothing here).
 
     Args:

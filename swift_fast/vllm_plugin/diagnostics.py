@@ -1,0 +1,48 @@
+"""What the plugin holds, for tests, benchmarks and operators: called in each worker through
+``LLM.collective_rpc(plugin_state)``, or in the front end process directly (:func:`traced_bytes`)."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+
+
+def plugin_state(worker, trace: bool = False) -> dict:
+    """What the plugin holds in one worker: request states vLLM still keeps, how many carry
+    plugin data, the plugin's buffer sizes in bytes, the process's resident memory and CPU time
+    (user + system) and, while ``tracemalloc`` traces (``trace=True`` starts it), the bytes
+    currently allocated by swift-fast's own code."""
+    import psutil
+
+    runner = getattr(worker, "model_runner", worker)
+    scoring = getattr(runner, "_swift_fast", None)
+    reqs = getattr(runner, "requests", {})
+    tagged = sum(1 for rs in reqs.values() if hasattr(rs, "_swift_fast_pass") or hasattr(rs, "_swift_fast_kind"))
+    buffers = 0
+    if scoring is not None:
+        seen = set()
+        for t in scoring.tensors():
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                buffers += t.numel() * t.element_size()
+    process = psutil.Process()
+    return {
+        "installed": scoring is not None,
+        "requests": len(reqs),
+        "requests_with_plugin_data": tagged,
+        "buffer_bytes": buffers,
+        "rss_bytes": process.memory_info().rss,
+        "cpu_seconds": sum(process.cpu_times()[:2]),
+        "traced_bytes": traced_bytes(start=trace),
+    }
+
+
+def traced_bytes(start: bool = False) -> int | None:
+    """Bytes allocated by swift-fast's Python code and still alive (None unless tracemalloc traces)."""
+    if start and not tracemalloc.is_tracing():
+        tracemalloc.start()
+    if not tracemalloc.is_tracing():
+        return None
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, os.path.join(root, "*"))])
+    return sum(s.size for s in snap.statistics("filename"))
