@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench lint clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pytest -q bench --benchmark-only
+
+# also part of `make test` (tests/test_lint.py)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check swift_fast tests bench setup.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

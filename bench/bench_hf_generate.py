@@ -35,9 +35,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from swift_fast.head import SwiftHead  # noqa: E402
-from swift_fast.hf import GenerationScorer  # noqa: E402
-from swift_fast.hf.features import decoder_parts, state_hooks  # noqa: E402
+from swift_fast.head import SwiftHead
+from swift_fast.hf import GenerationScorer
+from swift_fast.hf.features import decoder_parts, state_hooks
 
 
 class NaiveScorer:
@@ -97,13 +97,15 @@ def main(argv=None) -> int:
     elif args.hidden * args.layers <= 4096 * 4:
         from swift_fast.testing import build_tiny_model
 
-        path = build_tiny_model("llama", os.path.join(tempfile.gettempdir(), f"swift-bench-llama-{args.layers}-{args.hidden}"),
+        path = build_tiny_model("llama",
+                                os.path.join(tempfile.gettempdir(), f"swift-bench-llama-{args.layers}-{args.hidden}"),
                                 num_layers=args.layers, hidden_size=args.hidden, vocab_size=args.vocab)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         desc = f"random Llama L={args.layers} d={args.hidden}"
     else:  # large shapes: random weights straight on the device, no files
-        cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=int(args.hidden * 3.5), num_hidden_layers=args.layers,
-                          num_attention_heads=args.hidden // 128, num_key_value_heads=8, vocab_size=args.vocab)
+        cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=int(args.hidden * 3.5),
+                          num_hidden_layers=args.layers, num_attention_heads=args.hidden // 128,
+                          num_key_value_heads=8, vocab_size=args.vocab)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
         desc = f"random Llama L={args.layers} d={args.hidden} V={args.vocab}"
@@ -172,8 +174,8 @@ def main(argv=None) -> int:
         "all_s": times,
         "all_cpu_s": cpu,
     }
-    print(f"{desc}, {args.dtype}, {device}, batch {args.batch}, {args.prompt}+{args.new_tokens} tokens, {L + 1} states, "
-          f"{args.reps} reps")
+    print(f"{desc}, {args.dtype}, {device}, batch {args.batch}, {args.prompt}+{args.new_tokens} tokens, "
+          f"{L + 1} states, {args.reps} reps")
     print("  variant   wall median   (min, max)            paired ratio   CPU median   paired CPU ratio")
     for k in variants:
         print(f"  {k:6s} {med[k] * 1e3:10.1f} ms   ({min(times[k]) * 1e3:.1f}, {max(times[k]) * 1e3:.1f})   "

@@ -1,7 +1,6 @@
 """Memory bandwidth of this device: the floor every op is measured against."""
 
 import torch
-
 from benchlib import CUDA, DEVICE
 
 

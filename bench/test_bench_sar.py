@@ -4,7 +4,6 @@ the materialising reference. GPU: 2 x 32768 x 128256 bf16 (64 answers of 512 tok
 
 import pytest
 import torch
-
 from benchlib import CUDA, DEVICE, free_memory, has_native, kernel_module, needs_cuda
 
 sfl = kernel_module("sar_from_logits")

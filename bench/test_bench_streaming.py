@@ -6,7 +6,6 @@ tokens and a prefill chunk of 8192; CPU: 9 states of d=1024, 256 tokens.
 
 import pytest
 import torch
-
 from benchlib import CUDA, DEVICE, has_native, kernel_module
 
 st = kernel_module("streaming")

@@ -4,7 +4,6 @@ torch reference. GPU: Llama-3.1-8B, 33 states of d=4096, 64 candidates x 1024 to
 import pytest
 import torch
 import torch.nn.functional as F
-
 from benchlib import CUDA, DEVICE, free_memory, has_native, kernel_module, needs_cuda, needs_native
 
 sr = kernel_module("swift_reduce")

@@ -7,8 +7,7 @@ score never wins over a number (it ranks as ``-inf``).
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Callable, Hashable, Iterable, Sequence
 
 import torch
 

@@ -34,7 +34,9 @@ class Candidates:
         return self.correct.shape[1]
 
 
-def gather(problems: Sequence[Problem], score_keys: Sequence[str] = (), n: int | None = None, where: str = "") -> Candidates:
+def gather(
+    problems: Sequence[Problem], score_keys: Sequence[str] = (), n: int | None = None, where: str = ""
+) -> Candidates:
     """Matrices from rollout problems. Every problem must have at least ``n`` candidates (default:
     the fewest any problem has) and each of them a ``correct`` field."""
     if not problems:
@@ -175,7 +177,9 @@ class Table:
         return d.mean().item(), lo, hi
 
 
-def bon_table(c: Candidates, selectors: dict[str, Selector], ks: Sequence[int] | None = None, reps: int = 2000, seed: int = 0) -> Table:
+def bon_table(
+    c: Candidates, selectors: dict[str, Selector], ks: Sequence[int] | None = None, reps: int = 2000, seed: int = 0
+) -> Table:
     ks = list(ks or bon.default_ks(c.n))
     bad = [k for k in ks if not 1 <= k <= c.n]
     if bad:
@@ -221,7 +225,11 @@ def plot(t: Table, path: str, title: str = "Best-of-N accuracy") -> str:
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for name in t.rows:
         ys = [100 * t.rows[name][k] for k in t.ks]
-        style = dict(ls="--", color="grey") if name == "oracle pass@k" else dict(ls=":", color="black") if name == "random" else {}
+        style = (
+            dict(ls="--", color="grey") if name == "oracle pass@k"
+            else dict(ls=":", color="black") if name == "random"
+            else {}
+        )
         (line,) = ax.plot(t.ks, ys, marker="o", ms=3, label=name, **style)
         lo = [100 * t.ci[name][k][0] for k in t.ks]
         hi = [100 * t.ci[name][k][1] for k in t.ks]

@@ -52,7 +52,8 @@ _AQUA = (
     "Remember to output \\boxed{Letter} at the end of your answer or it will be considered incorrect.\n"
 )
 _HELLASWAG = (
-    "You are given a context and four possible continuations (A\u2013D). Decide which option best continues the context.\n"
+    "You are given a context and four possible continuations (A\u2013D). "
+    "Decide which option best continues the context.\n"
     "Explain your reasoning step by step, then present only one letter (A-D) in the form \\boxed{Letter}.\n"
     "Remember to output \\boxed{Letter} at the end of your answer or it will be considered incorrect.\n"
 )
@@ -62,7 +63,8 @@ _COINFLIP = (
 )
 _IMBUE = (
     "Analyze the following problem step-by-step. The question includes a list of choices. "
-    "Select the most appropriate choice from the provided options and output your final answer enclosed within \\boxed{...},\n"
+    "Select the most appropriate choice from the provided options "
+    "and output your final answer enclosed within \\boxed{...},\n"
     "ensuring that the content inside \\boxed{...} is valid Python literal syntax.\n"
 )
 _CHOICE = (
@@ -88,7 +90,9 @@ TEMPLATES: dict[str, Template] = {
 KIND_DEFAULTS = {"math": "math", "choice": "choice", "boolean": "coinflip", "literal": "imbue"}
 
 
-def get_template(template: str | Template | None = None, dataset: str | None = None, kind: str | None = None) -> Template:
+def get_template(
+    template: str | Template | None = None, dataset: str | None = None, kind: str | None = None
+) -> Template:
     """A template by object, registry name or ``{question}`` text; else by dataset name, else by kind."""
     if isinstance(template, Template):
         return template
@@ -121,5 +125,8 @@ def render_prompt(example: Any, template: str | Template | None = None, system: 
         question = getattr(example, "question", None)
         dataset, kind = getattr(example, "dataset", None), getattr(example, "kind", None)
     if not isinstance(question, str):
-        raise TypeError(f"cannot find the question text in {type(example).__name__}; pass an Example, a dict with 'question', or a str")
+        raise TypeError(
+            f"cannot find the question text in {type(example).__name__}; "
+            "pass an Example, a dict with 'question', or a str"
+        )
     return get_template(template, dataset, kind).messages(question, system=system)

@@ -82,7 +82,9 @@ def _target(labels_g: torch.Tensor, alpha: float, like: torch.Tensor) -> torch.T
     return torch.softmax(_labels(labels_g, like) / alpha, dim=0)
 
 
-def infonca_loss(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, alpha: float = DEFAULT_ALPHA) -> torch.Tensor:
+def infonca_loss(
+    scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, alpha: float = DEFAULT_ALPHA
+) -> torch.Tensor:
     """InfoNCA: cross-entropy between ``softmax(y / alpha)`` and ``softmax(R)`` within each problem."""
     y = torch.as_tensor(labels)
     terms = []
@@ -92,7 +94,9 @@ def infonca_loss(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tenso
     return torch.stack(terms).mean()
 
 
-def nca_loss(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, alpha: float = DEFAULT_ALPHA) -> torch.Tensor:
+def nca_loss(
+    scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, alpha: float = DEFAULT_ALPHA
+) -> torch.Tensor:
     """NCA: ``-sum p log sigmoid(R) - mean log sigmoid(-R)`` within each problem."""
     y = torch.as_tensor(labels)
     terms = []
@@ -104,7 +108,11 @@ def nca_loss(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, a
 
 
 def compute_loss(
-    name: str, scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor | None = None, alpha: float = DEFAULT_ALPHA
+    name: str,
+    scores: torch.Tensor,
+    labels: torch.Tensor,
+    groups: torch.Tensor | None = None,
+    alpha: float = DEFAULT_ALPHA,
 ) -> torch.Tensor:
     """The loss ``name`` (one of ``LOSSES``) of scores ``[B]`` with labels ``[B]`` (0/1) and
     problem ids ``[B]`` (needed by the problem-wise losses)."""
@@ -124,7 +132,9 @@ def compute_loss(
 
 
 # -- split -----------------------------------------------------------------------------------
-def split_by_problem(problem_ids: Sequence[str], val_fraction: float = 0.2, seed: int = 0) -> tuple[list[str], list[str]]:
+def split_by_problem(
+    problem_ids: Sequence[str], val_fraction: float = 0.2, seed: int = 0
+) -> tuple[list[str], list[str]]:
     """``(train_ids, val_ids)``: a seeded shuffle of the distinct problem ids, ``val_fraction``
     of them (at least one) held out. The candidates of one problem never straddle the split."""
     if not 0 < val_fraction < 1:
@@ -245,7 +255,9 @@ def _tensors(examples: list[Example], idx: Sequence[int]) -> tuple[torch.Tensor,
     return labels, groups
 
 
-def score_examples(head: SwiftHead, source: FeatureSource, examples: list[Example], batch_size: int = 16) -> torch.Tensor:
+def score_examples(
+    head: SwiftHead, source: FeatureSource, examples: list[Example], batch_size: int = 16
+) -> torch.Tensor:
     """``R`` of every example (no gradient), float32 ``[len(examples)]`` on the CPU."""
     out = []
     with torch.no_grad():

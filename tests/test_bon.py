@@ -3,7 +3,15 @@ import math
 import pytest
 import torch
 
-from swift_fast import bon_accuracy, bon_select, combine_rank, combine_scaled, majority_vote, oracle_accuracy, weighted_vote
+from swift_fast import (
+    bon_accuracy,
+    bon_select,
+    combine_rank,
+    combine_scaled,
+    majority_vote,
+    oracle_accuracy,
+    weighted_vote,
+)
 from swift_fast.bon import default_ks, minmax, ranks
 
 
@@ -65,7 +73,7 @@ def test_weighted_vote_sums_sigmoid_of_scores():
     # a: sigmoid(4)=.982 ; b: sigmoid(-1)+sigmoid(-1.5)=.269+.182=.451 -> a wins although b is the majority
     assert weighted_vote(answers, scores, 3).tolist() == [0]
     assert majority_vote(answers, 3).tolist() == [1]
-    s = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    s = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731 - a one-line helper for this check
     assert s(4.0) > s(-1.0) + s(-1.5)
 
 

@@ -18,7 +18,9 @@ MAX_BYTES = 20 * 1024 * 1024
 def test_shipped_files_match_provenance():
     prov = A.verify(A.ASSETS_DIR)
     files = prov["files"]
-    assert {"head.safetensors", "train.jsonl", "test.jsonl", "model/model.safetensors", "model/config.json"} <= set(files)
+    assert {
+        "head.safetensors", "train.jsonl", "test.jsonl", "model/model.safetensors", "model/config.json"
+    } <= set(files)
     total = sum(os.path.getsize(os.path.join(A.ASSETS_DIR, f)) for f in files)
     assert total < MAX_BYTES
     assert not any(f.endswith((".bin", ".pt", ".pkl")) for f in files)  # safetensors only, no pickle

@@ -39,14 +39,15 @@ def _check_outputs(out, problems, summary):
         assert os.path.getsize(out / name) > 0
     table = json.loads((out / "table.json").read_text())
     rows = table["accuracy"]
-    for r in ("random", "majority", "SWIFT", "SAR", "SWIFT weighted vote", "SWIFT+SAR rank", "SWIFT+SAR scaled", "oracle pass@k"):
+    for r in ("random", "majority", "SWIFT", "SAR", "SWIFT weighted vote", "SWIFT+SAR rank", "SWIFT+SAR scaled",
+              "oracle pass@k"):
         assert r in rows
     for p in problems:
         for c in p.candidates:
             assert c["correct"] == (T.extract_answer(c["text"]) == str(sum(map(int, p.question.split("+")))))
             assert -1.0 <= c["sar"] <= 1.0
     # oracle >= every selector at every k, and the accuracies are those of the rollouts
-    for r, row in rows.items():
+    for _name, row in rows.items():
         for k, v in row.items():
             assert v <= rows["oracle pass@k"][k] + 1e-12
     k = str(max(int(k) for k in rows["random"]))
@@ -57,7 +58,9 @@ def _check_outputs(out, problems, summary):
 
 def test_demo_transformers_backend(tmp_path):
     out = tmp_path / "out"
-    summary = run_demo(out_dir=str(out), backend="transformers", limit=3, n=4, show=2, progress=False, log=lambda *a: None)
+    summary = run_demo(
+        out_dir=str(out), backend="transformers", limit=3, n=4, show=2, progress=False, log=lambda *a: None
+    )
     problems = read_rollouts(out / "rollouts.jsonl")
     assert len(problems) == 3 and all(len(p.candidates) == 4 for p in problems)
     _check_outputs(out, problems, summary)

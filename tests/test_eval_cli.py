@@ -24,7 +24,10 @@ def _problems():
     ]
     out = []
     for i, r in enumerate(rows):
-        cands = [{"token_ids": [1, 2], "text": f"x {a}", "answer": a, "correct": bool(c), "swift_score": s, "rm": m} for a, c, s, m in r]
+        cands = [
+            {"token_ids": [1, 2], "text": f"x {a}", "answer": a, "correct": bool(c), "swift_score": s, "rm": m}
+            for a, c, s, m in r
+        ]
         out.append(Problem(id=f"p{i}", candidates=cands, reference="?", prompt_token_ids=[0]))
     return out
 
@@ -121,7 +124,9 @@ def test_nan_scores_are_written_as_null(tmp_path):
 
 
 def test_help_lists_every_subcommand():
-    out = subprocess.run([sys.executable, "-m", "swift_fast.cli", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "swift_fast.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for cmd in ("score", "eval", "train", "collect", "bon", "serve", "demo"):
         assert f"    {cmd}" in out
 
@@ -132,7 +137,9 @@ def test_eval_grade_fills_answers_and_correctness(tmp_path, capsys):
     f = tmp_path / "r.jsonl"
     write_rollouts(f, [Problem(id="q", candidates=cands, reference="\\frac{6}{5}", kind="math")])
     js = tmp_path / "s.json"
-    assert main(["eval", str(f), "--grade", "--score", "s", "--plot", "none", "--json", str(js), "--bootstrap", "20"]) == 0
+    assert main(
+        ["eval", str(f), "--grade", "--score", "s", "--plot", "none", "--json", str(js), "--bootstrap", "20"]
+    ) == 0
     acc = json.loads(js.read_text())["accuracy"]
     assert acc["oracle pass@k"] == {"1": 1.0, "2": 1.0, "4": 1.0}
     assert acc["s"]["4"] == 0.0 and acc["s"]["2"] == 1.0  # highest score: "no idea", then "1.2"

@@ -42,7 +42,9 @@ def test_save_load_roundtrip(tmp_path):
     assert torch.equal(g.weight, h.weight) and torch.equal(g.bias, h.bias)
     assert (g.layers, g.gate, g.alignment, g.feature) == ([0, 3, 4], True, "emitted", "hidden")
     assert g.model_name == "org/model"
-    assert g.model_fingerprint == {"architecture": "LlamaForCausalLM", "hidden_size": 16, "num_layers": 4, "vocab_size": 100}
+    assert g.model_fingerprint == {
+        "architecture": "LlamaForCausalLM", "hidden_size": 16, "num_layers": 4, "vocab_size": 100
+    }
     assert g.provenance["best_epoch"] == 3
 
 

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from hf_fixtures import eos_prone_model_dir
 
 from swift_fast.rollouts import read_rollouts
@@ -95,7 +94,8 @@ def test_collect_cli_with_vllm(tmp_path_factory, data_file, tmp_path, capsys):
 
     path = eos_prone_model_dir(tmp_path_factory)
     out = tmp_path / "rollouts.jsonl"
-    args = ["collect", "--model", path, "--data", data_file, "--n", "4", "--max-new-tokens", "12", "--out", str(out), "--no-progress"]
+    args = ["collect", "--model", path, "--data", data_file, "--n", "4", "--max-new-tokens", "12", "--out", str(out),
+            "--no-progress"]
     assert main(args + ["--engine", "vllm", "--limit", "2"]) == 0
     assert [p.id for p in read_rollouts(out)] == ["a", "b"]
     # resume: the finished problems are kept, the missing one is added (with the other engine)

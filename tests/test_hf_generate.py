@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from hf_fixtures import eos_prone_model_dir, random_head, tiny_model_dir
 
 from swift_fast.head import SwiftHead
@@ -28,7 +27,9 @@ def _head(model, layers, alignment, feature="hidden", gate=True, seed=0):
 
 def _prompts(tok):
     msgs = [[{"role": "user", "content": "What is 3x + 5 = 20? Find x."}], [{"role": "user", "content": "Hi"}]]
-    return tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", padding=True, return_dict=True)
+    return tok.apply_chat_template(
+        msgs, add_generation_prompt=True, return_tensors="pt", padding=True, return_dict=True
+    )
 
 
 def _offline(model, head, enc, seqs, n, eos):

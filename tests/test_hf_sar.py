@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from hf_fixtures import eos_prone_model_dir, tiny_model_dir
 
 from swift_fast.hf import (
@@ -102,7 +101,9 @@ def test_sar_edge_cases(tmp_path_factory):
     # strings as responses: tokenised once, without special tokens
     text = "The answer is 5."
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    torch.testing.assert_close(sar_rewards(model, tok, prompts[:1], [text]), sar_rewards(model, tok, prompts[:1], [ids]))
+    torch.testing.assert_close(
+        sar_rewards(model, tok, prompts[:1], [text]), sar_rewards(model, tok, prompts[:1], [ids])
+    )
     with pytest.raises(ValueError, match="2 prompts but 1 responses"):
         sar_rewards(model, tok, prompts, responses[:1])
 
@@ -129,7 +130,10 @@ def test_trl_grpo_step_with_the_sar_reward(tmp_path_factory, tmp_path):
         return out
 
     ds = datasets.Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": "What is 2 + 3?"}]}, {"prompt": [{"role": "user", "content": "Hi there"}]}]
+        [
+            {"prompt": [{"role": "user", "content": "What is 2 + 3?"}]},
+            {"prompt": [{"role": "user", "content": "Hi there"}]},
+        ]
     )
     cfg = GRPOConfig(
         output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=4, num_generations=2,

@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-
 from hf_fixtures import tiny_model_dir
 
 from swift_fast.cli import main
@@ -26,10 +25,14 @@ def _rollouts(tok, path, problems=20, n=8, seed=0):
     out = []
     for i in range(problems):
         prompt = list(
-            tok.apply_chat_template([{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}], add_generation_prompt=True, return_dict=False)
+            tok.apply_chat_template(
+                [{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}],
+                add_generation_prompt=True,
+                return_dict=False,
+            )
         )
         cands = []
-        for j in range(n):
+        for _ in range(n):
             good = bool(torch.rand((), generator=g) < 0.5)
             pool = torch.tensor(CORRECT_IDS if good else WRONG_IDS)
             m = int(torch.randint(5, 10, (), generator=g))
@@ -49,7 +52,10 @@ def model_dir(tmp_path_factory):
 def model_and_tok(model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(model_dir)
+    return (
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(),
+        AutoTokenizer.from_pretrained(model_dir),
+    )
 
 
 def test_train_cli_learns_the_label_and_score_cli_applies_the_head(model_dir, model_and_tok, tmp_path, capsys):
@@ -67,7 +73,9 @@ def test_train_cli_learns_the_label_and_score_cli_applies_the_head(model_dir, mo
     assert head.layers == [0, 2] and head.alignment == "predicting" and head.gate
     assert head.model_name == model_dir and head.model_fingerprint["num_layers"] == 2
     assert prov["loss"] == "bce" and prov["optimizer"] == {"name": "AdamW", "lr": 1e-2, "weight_decay": 1e-5}
-    assert prov["data"]["train_problems"] == 16 and prov["data"]["val_problems"] == 4 and len(prov["data"]["sha256"]) == 64
+    assert (
+        prov["data"]["train_problems"] == 16 and prov["data"]["val_problems"] == 4 and len(prov["data"]["sha256"]) == 64
+    )
     assert 1 <= prov["best_epoch"] <= prov["epochs_run"] <= 10
     best = prov["history"][prov["best_epoch"] - 1]
     assert best["val_loss"] == min(h["val_loss"] for h in prov["history"])
@@ -75,7 +83,10 @@ def test_train_cli_learns_the_label_and_score_cli_applies_the_head(model_dir, mo
     assert prov["val_metrics"]["accuracy"] >= 0.9 and prov["val_metrics"]["auc"] >= 0.95
 
     out = tmp_path / "scored.jsonl"
-    assert main(["score", "--model", model_dir, "--head", str(head_path), "--rollouts", str(data), "--out", str(out), "--no-progress"]) == 0
+    assert main([
+        "score", "--model", model_dir, "--head", str(head_path), "--rollouts", str(data), "--out", str(out),
+        "--no-progress",
+    ]) == 0
     scored = read_rollouts(out)
     problems = read_rollouts(data)
     assert [p.id for p in scored] == [p.id for p in problems]
@@ -105,7 +116,9 @@ def test_feature_cache_matches_recomputation_and_runs_are_reproducible(model_and
     assert e.feature == "logits" and e.hidden_size == model.config.vocab_size and e.weight.shape[0] == 1
 
 
-def test_rollouts_without_token_ids_or_labels_are_refused_with_file_and_line(model_dir, model_and_tok, tmp_path, capsys):
+def test_rollouts_without_token_ids_or_labels_are_refused_with_file_and_line(
+    model_dir, model_and_tok, tmp_path, capsys
+):
     model, tok = model_and_tok
     problems = _rollouts(tok, tmp_path / "ok.jsonl", problems=3, n=2)
     rows = [json.loads(json.dumps(p.to_json())) for p in problems]
@@ -117,7 +130,10 @@ def test_rollouts_without_token_ids_or_labels_are_refused_with_file_and_line(mod
     head = SwiftHead(model.config.hidden_size, [0, 1, 2])
     head_path = tmp_path / "h.safetensors"
     head.save(head_path)
-    rc = main(["score", "--model", model_dir, "--head", str(head_path), "--rollouts", str(bad), "--out", str(tmp_path / "o.jsonl"), "--no-progress"])
+    rc = main([
+        "score", "--model", model_dir, "--head", str(head_path), "--rollouts", str(bad),
+        "--out", str(tmp_path / "o.jsonl"), "--no-progress",
+    ])
     assert rc == 2 and "bad.jsonl:2" in capsys.readouterr().err
     rows = [json.loads(json.dumps(p.to_json())) for p in problems]
     rows[2]["candidates"][0]["correct"] = None
@@ -136,6 +152,11 @@ def test_train_cli_refuses_an_unsupported_architecture(tmp_path, capsys):
     from transformers import GPT2Config
 
     d = tmp_path / "gpt2"
-    GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0, eos_token_id=0, architectures=["GPT2LMHeadModel"]).save_pretrained(d)
-    rc = main(["train", "--model", str(d), "--rollouts", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "h.safetensors")])
+    GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0, eos_token_id=0, architectures=["GPT2LMHeadModel"]
+    ).save_pretrained(d)
+    rc = main([
+        "train", "--model", str(d), "--rollouts", str(tmp_path / "none.jsonl"),
+        "--out", str(tmp_path / "h.safetensors"),
+    ])
     assert rc == 2 and "unsupported architecture GPT2LMHeadModel" in capsys.readouterr().err

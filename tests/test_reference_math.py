@@ -17,7 +17,7 @@ def _hand_swift(layers64, weight, bias, cu, gate):
     for b in range(len(cu) - 1):
         num = den = 0.0
         for t in range(cu[b], cu[b + 1]):
-            feats = [x for l in range(k) for x in layers64[l][t]]
+            feats = [x for j in range(k) for x in layers64[j][t]]
             z = [sum(w * f for w, f in zip(weight[row], feats)) + bias[row] for row in range(len(weight))]
             if gate:
                 g, r = 1.0 / (1.0 + math.exp(-z[0])), z[1]
@@ -36,7 +36,7 @@ def _case(seed, T, d, k, gate, dtype):
     with torch.no_grad():
         head.weight.copy_(torch.randn(head.weight.shape, generator=g) * 0.3)
         head.bias.copy_(torch.randn(head.bias.shape, generator=g))
-    layers64 = [l.double().tolist() for l in layers]
+    layers64 = [layer.double().tolist() for layer in layers]
     return layers, layers64, head
 
 
@@ -63,11 +63,13 @@ def test_no_gate_is_plain_mean_of_rewards():
 
 def test_pairs_stand_for_their_sum_and_offsets_are_honoured():
     layers, layers64, head = _case(3, 9, 4, 2, True, torch.float32)
-    halves = [(l * 0.25, l * 0.75) for l in layers]
+    halves = [(layer * 0.25, layer * 0.75) for layer in layers]
     cu = torch.tensor([2, 5, 9])  # rows 0-1 belong to no segment
     torch.testing.assert_close(swift_score(halves, head, cu), swift_score(layers, head, cu), rtol=1e-6, atol=1e-6)
     want = _hand_swift(layers64, head.weight.double().tolist(), head.bias.double().tolist(), [2, 5, 9], True)
-    torch.testing.assert_close(swift_score(layers, head, cu).double(), torch.tensor(want, dtype=torch.float64), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        swift_score(layers, head, cu).double(), torch.tensor(want, dtype=torch.float64), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_gate_makes_a_weighted_average():
@@ -112,7 +114,7 @@ def test_perplexity_and_sar_by_hand():
     with_q = [[-rnd.uniform(0.01, 3) for _ in range(n)] for n in lens]
     without_q = [[-rnd.uniform(0.01, 3) for _ in range(n)] for n in lens]
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)))
-    flat = lambda xs: torch.tensor([x for s in xs for x in s], dtype=torch.float32)  # noqa: E731
+    flat = lambda xs: torch.tensor([x for s in xs for x in s], dtype=torch.float32)  # noqa: E731 - one-line helper
     ppl = perplexity(flat(with_q), cu)
     assert ppl.tolist() == pytest.approx([_hand_ppl(x) for x in with_q], rel=1e-5)
     want = []

@@ -44,11 +44,16 @@ def test_fallbacks_system_and_custom_templates():
     assert render_prompt({"question": "Heads up?", "kind": "boolean", "dataset": "mine"})[0]["content"].startswith(
         "Answer the following Boolean question"
     )
-    assert render_prompt({"prompt": "q", "dataset": "HellaSwag"})[0]["content"] == TEMPLATES["hellaswag"].user.replace("{question}", "q")
+    assert render_prompt({"prompt": "q", "dataset": "HellaSwag"})[0]["content"] == TEMPLATES["hellaswag"].user.replace(
+        "{question}", "q"
+    )
     msgs = render_prompt("q", "imbue", system="You are careful.")
     assert msgs[0] == {"role": "system", "content": "You are careful."} and msgs[1]["role"] == "user"
     # Only {question} is substituted: LaTeX braces stay as written.
-    assert render_prompt("2+3", r"Compute {question} and box it: \boxed{}")[0]["content"] == r"Compute 2+3 and box it: \boxed{}"
+    assert (
+        render_prompt("2+3", r"Compute {question} and box it: \boxed{}")[0]["content"]
+        == r"Compute 2+3 and box it: \boxed{}"
+    )
     t = Template("mine", "Q: {question}\nA:", "math", system="sys")
     assert get_template(t) is t and render_prompt("x", t)[0]["content"] == "sys"
 

@@ -76,7 +76,9 @@ def test_each_loss_matches_its_formula(loss, alpha):
     R = (torch.randn(11, generator=g, dtype=torch.float64) * 1.5).tolist()
     y = [1, 0, 0, 1, 1, 0, 1, 0, 0, 0, 1]
     groups = [7, 7, 7, 3, 3, 3, 3, 9, 9, 5, 5]  # problem 9 has no correct candidate
-    got = compute_loss(loss, torch.tensor(R, dtype=torch.float64, requires_grad=True), torch.tensor(y), torch.tensor(groups), alpha)
+    got = compute_loss(
+        loss, torch.tensor(R, dtype=torch.float64, requires_grad=True), torch.tensor(y), torch.tensor(groups), alpha
+    )
     assert got.requires_grad
     assert float(got.detach()) == pytest.approx(REFS[loss](R, y, groups, alpha), rel=1e-10, abs=1e-12)
 
@@ -109,7 +111,9 @@ def test_auc_and_selection_metrics_by_brute_force():
     y = torch.rand(40, generator=g) < 0.4
     pairs = [(1.0 if a > b else 0.5 if a == b else 0.0) for a, ya in zip(s, y) if ya for b, yb in zip(s, y) if not yb]
     assert auc(s, y) == pytest.approx(sum(pairs) / len(pairs), rel=1e-12)
-    m = selection_metrics(torch.tensor([0.1, 0.9, 0.9, -1.0, 2.0]), torch.tensor([0, 1, 0, 1, 0]), torch.tensor([0, 0, 0, 1, 1]))
+    m = selection_metrics(
+        torch.tensor([0.1, 0.9, 0.9, -1.0, 2.0]), torch.tensor([0, 1, 0, 1, 0]), torch.tensor([0, 0, 0, 1, 1])
+    )
     assert m["bon"] == 0.5  # problem 0: tie at 0.9 goes to index 1 (correct); problem 1 picks the wrong one
     assert m["oracle"] == 1.0 and m["random"] == pytest.approx((1 / 3 + 1 / 2) / 2)
     assert m["accuracy"] == pytest.approx(1 / 5)  # R > 0 predicts correct: only index 1 agrees
@@ -153,7 +157,9 @@ def test_trainer_learns_a_learnable_label_and_is_reproducible(loss):
         assert res.val_metrics["accuracy"] >= 0.95
     assert res.val_metrics["auc"] >= 0.99 and res.val_metrics["bon"] > res.val_metrics["random"] + 0.25
     assert torch.equal(heads[0].weight, heads[1].weight) and torch.equal(heads[0].bias, heads[1].bias)
-    assert len(res.history) == res.epochs_run and res.best_epoch == min(range(1, res.epochs_run + 1), key=lambda e: res.history[e - 1]["val_loss"])
+    assert len(res.history) == res.epochs_run and res.best_epoch == min(
+        range(1, res.epochs_run + 1), key=lambda e: res.history[e - 1]["val_loss"]
+    )
 
 
 def test_early_stopping_restores_the_best_epoch():

@@ -10,10 +10,11 @@ import torch
 
 pytest.importorskip("vllm")
 
-from swift_fast.cli import main  # noqa: E402
-from swift_fast.rollouts import read_rollouts  # noqa: E402
-from swift_fast.testing import build_tiny_model  # noqa: E402
-from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, Ref, make_head  # noqa: E402
+from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, Ref, make_head
+
+from swift_fast.cli import main
+from swift_fast.rollouts import read_rollouts
+from swift_fast.testing import build_tiny_model
 
 
 def test_bon_cli_generates_scores_grades_and_reports(tmp_path, capsys):

@@ -21,8 +21,9 @@ import torch
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from swift_fast.testing import build_tiny_model  # noqa: E402
-from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, TEXTS, Ref, make_head  # noqa: E402
+from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, TEXTS, Ref, make_head  # noqa: E402 - after the skips
+
+from swift_fast.testing import build_tiny_model  # noqa: E402 - after the skips
 
 STARTUP_TIMEOUT = 600
 
@@ -84,8 +85,12 @@ def _extra(obj, key):
 
 
 def _check(ref, head, prompts, responses, swift, sar):
-    torch.testing.assert_close(torch.tensor(swift, dtype=torch.float32), ref.swift(head, prompts, responses), rtol=RTOL, atol=ATOL)
-    torch.testing.assert_close(torch.tensor(sar, dtype=torch.float32), ref.sar(prompts, responses), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        torch.tensor(swift, dtype=torch.float32), ref.swift(head, prompts, responses), rtol=RTOL, atol=ATOL
+    )
+    torch.testing.assert_close(
+        torch.tensor(sar, dtype=torch.float32), ref.sar(prompts, responses), rtol=RTOL, atol=ATOL
+    )
 
 
 def test_server_compiles_the_model(server):
@@ -119,7 +124,9 @@ def test_chat_completions_carry_scores_matching_hf(server):
     prompt = list(_extra(r, "prompt_token_ids"))
     assert prompt == ref.prompt(TEXTS[2])
     R = [list(_extra(c, "token_ids")) for c in r.choices]
-    _check(ref, head, [prompt] * 2, R, [_extra(c, "swift_score") for c in r.choices], [_extra(c, "sar") for c in r.choices])
+    _check(
+        ref, head, [prompt] * 2, R, [_extra(c, "swift_score") for c in r.choices], [_extra(c, "sar") for c in r.choices]
+    )
 
 
 def test_best_of_n_returns_the_best_choice_and_all_scores(server):

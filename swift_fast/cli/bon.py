@@ -125,7 +125,9 @@ def run(args) -> int:
         cfg = collect_config(args)
         engine = _engine_class()(args.model, dtype=args.dtype, seed=args.seed, **extra)
         try:
-            stats = collect(engine, engine.tokenizer, examples, out, cfg, progress=not args.no_progress, model_name=args.model)
+            stats = collect(
+                engine, engine.tokenizer, examples, out, cfg, progress=not args.no_progress, model_name=args.model
+            )
         finally:
             engine.close()
         ids = {str(ex.id) for ex in examples}
@@ -141,11 +143,16 @@ def run(args) -> int:
     print(report.format_table(table))
     base = os.path.splitext(out)[0]
     if args.plot != "none":
-        path = report.plot(table, args.plot or base + ".bon.png", title=f"{os.path.basename(args.model)} on {os.path.basename(str(args.data))}")
+        path = report.plot(
+            table,
+            args.plot or base + ".bon.png",
+            title=f"{os.path.basename(args.model)} on {os.path.basename(str(args.data))}",
+        )
         print(f"plot: {path}")
     summary = report.save_json(
-        table, args.json or base + ".summary.json", model=args.model, head=os.path.abspath(args.head), data=str(args.data),
-        n=args.n, rollouts=os.path.abspath(out), generated=stats["written"], resumed=stats["skipped_done"],
+        table, args.json or base + ".summary.json", model=args.model, head=os.path.abspath(args.head),
+        data=str(args.data), n=args.n, rollouts=os.path.abspath(out), generated=stats["written"],
+        resumed=stats["skipped_done"],
     )
     print(f"rollouts: {out} ({stats['written']} problems generated, {stats['skipped_done']} already there)")
     print(f"summary: {summary}")

@@ -31,7 +31,8 @@ def add_parser(sub, name, help_):
     p.add_argument("--data", required=True, help="dataset file or name (GSM8K, MATH-500, AQuA or generic JSONL)")
     p.add_argument("--out", required=True, help="rollout JSONL to write (resumed when it exists)")
     add_generation_args(p, n=8)
-    p.add_argument("--engine", choices=("auto", "vllm", "transformers"), default="auto", help="generation engine (default auto)")
+    p.add_argument("--engine", choices=("auto", "vllm", "transformers"), default="auto",
+                   help="generation engine (default auto)")
     p.add_argument("--dtype", default="auto", help="model dtype (default auto)")
     p.add_argument("--device", default="auto", help="transformers engine: auto, cpu, cuda, ...")
     p.add_argument("--gpu-memory-utilization", type=float,
@@ -48,7 +49,8 @@ def add_generation_args(p, n: int) -> None:
     p.add_argument("--limit", type=int, help="first LIMIT problems only")
     p.add_argument("--kind", help="grading kind for every problem (math, choice, boolean, literal)")
     p.add_argument("--template", help="prompt template name or text with {question} (default: by dataset)")
-    p.add_argument("--system", help="system prompt of the generation prompts (default: the template's; none for the paper's)")
+    p.add_argument("--system",
+                   help="system prompt of the generation prompts (default: the template's; none for the paper's)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (default 0.9)")
     p.add_argument("--max-new-tokens", type=int, default=1024, help="most new tokens per candidate (default 1024)")
@@ -92,7 +94,9 @@ def run(args) -> int:
             model, tokenizer = load_model(args.model, args.dtype, args.device, check=False)
             engine = HFEngine(model, tokenizer)
         try:
-            stats = collect(engine, tokenizer, examples, args.out, cfg, progress=not args.no_progress, model_name=args.model)
+            stats = collect(
+                engine, tokenizer, examples, args.out, cfg, progress=not args.no_progress, model_name=args.model
+            )
         finally:
             engine.close()
     except (DataError, UnsupportedModelError, ValueError, OSError) as e:

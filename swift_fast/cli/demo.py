@@ -27,7 +27,8 @@ def add_parser(sub, name, help_):
     p.add_argument("--show", type=int, default=4, help="problems shown in the HTML page")
     p.add_argument("--work", default="demo_build", help="build: folder for intermediates (model, rollouts)")
     p.add_argument("--reuse", action="store_true", help="build: keep the model and rollouts already in --work")
-    p.add_argument("--rollouts", default="demo_out/rollouts.jsonl", help="ablations: the run whose candidates are scored")
+    p.add_argument("--rollouts", default="demo_out/rollouts.jsonl",
+                   help="ablations: the run whose candidates are scored")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--verbose", action="store_true",
                    help="run: keep vLLM's INFO logs (default: warnings only, unless VLLM_LOGGING_LEVEL is set)")

@@ -31,15 +31,19 @@ def add_parser(sub, name, help_):
     )
     p.add_argument("rollouts", help="rollout JSONL with scored candidates")
     p.add_argument("--score", default="swift_score", help="candidate field to select by (default: swift_score)")
-    p.add_argument("--external", help="a second score column (e.g. a reward model's) to combine with --score by rank and scaled")
+    p.add_argument("--external",
+                   help="a second score column (e.g. a reward model's) to combine with --score by rank and scaled")
     p.add_argument("--sar", help="the SAR column, when present (e.g. sar): selected by alone and combined with --score")
     p.add_argument("--ks", help="comma-separated k values (default: 1, 2, 4, ... N)")
     p.add_argument("-n", type=int, help="candidates per problem to use (default: the fewest any problem has)")
-    p.add_argument("--grade", action="store_true", help="(re)grade candidates from their text and the problem's reference")
+    p.add_argument("--grade", action="store_true",
+                   help="(re)grade candidates from their text and the problem's reference")
     p.add_argument("--plot", help="PNG path (default: next to the input, <name>.bon.png); 'none' to skip")
     p.add_argument("--json", help="write the summary as JSON here")
-    p.add_argument("--skip-bad", action="store_true", help="skip malformed lines (counted) instead of stopping at the first")
-    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the confidence intervals (default 2000)")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip malformed lines (counted) instead of stopping at the first")
+    p.add_argument("--bootstrap", type=int, default=2000,
+                   help="bootstrap resamples for the confidence intervals (default 2000)")
     p.add_argument("--no-ci", action="store_true", help="print accuracies without intervals")
     return p
 
@@ -74,7 +78,9 @@ def run(args) -> int:
         keys = [k for k in (args.score, args.sar, args.external) if k]
         cands = report.gather(problems, keys, n=args.n, where=args.rollouts)
         ks = [int(x) for x in args.ks.split(",")] if args.ks else None
-        table = report.bon_table(cands, report.standard_selectors(args.score, args.external, args.sar), ks, reps=args.bootstrap)
+        table = report.bon_table(
+            cands, report.standard_selectors(args.score, args.external, args.sar), ks, reps=args.bootstrap
+        )
     except (DataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -38,7 +38,8 @@ def add_parser(sub, name, help_):
     p.add_argument("--system-prompt", help="system prompt of SAR's question-removed pass (default: SAR's)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
     p.add_argument("--chunk", type=int, default=32, help="problems scored between writes (default 32)")
-    p.add_argument("--dtype", default="auto", help="auto (checkpoint dtype on GPU, float32 on CPU), bfloat16, float16, float32")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (checkpoint dtype on GPU, float32 on CPU), bfloat16, float16, float32")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--no-resume", action="store_true", help="overwrite --out instead of resuming it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -48,12 +49,14 @@ def add_parser(sub, name, help_):
 def run(args) -> int:
     from ..datasets import DataError
     from ..head import HeadError, SwiftHead
+    from ..hf.features import UnsupportedModelError
     from ..rollouts import RolloutWriter
     from ..sar import DEFAULT_SYSTEM_PROMPT
-    from ..hf.features import UnsupportedModelError
 
     if os.path.abspath(args.out) == os.path.abspath(args.rollouts):
-        print("error: --out must differ from --rollouts (the output is written while the input is read)", file=sys.stderr)
+        print(
+            "error: --out must differ from --rollouts (the output is written while the input is read)", file=sys.stderr
+        )
         return 2
     try:
         head = SwiftHead.load(args.head)
@@ -75,7 +78,9 @@ def run(args) -> int:
     if not args.no_progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(seqs_all.problems), initial=len(seqs_all.problems) - len(todo), desc="score", unit="problem")
+        bar = tqdm(
+            total=len(seqs_all.problems), initial=len(seqs_all.problems) - len(todo), desc="score", unit="problem"
+        )
     by_problem: dict[int, list[int]] = {}
     for k, (pi, _) in enumerate(seqs_all.refs):
         by_problem.setdefault(pi, []).append(k)
@@ -108,5 +113,8 @@ def run(args) -> int:
         writer.close()
         if bar is not None:
             bar.close()
-    print(f"scored {len(todo)} problems into {args.out} (column {args.column!r}{', ' + repr(args.sar_column) if args.sar else ''})")
+    print(
+        f"scored {len(todo)} problems into {args.out} "
+        f"(column {args.column!r}{', ' + repr(args.sar_column) if args.sar else ''})"
+    )
     return 0

@@ -33,25 +33,34 @@ def add_parser(sub, name, help_):
     p = sub.add_parser(
         name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--model", required=True, help="Hugging Face model name or path (the model that generated the rollouts)")
-    p.add_argument("--rollouts", required=True, help="rollout JSONL: prompt_token_ids, candidates with token_ids and correct")
+    p.add_argument("--model", required=True,
+                   help="Hugging Face model name or path (the model that generated the rollouts)")
+    p.add_argument("--rollouts", required=True,
+                   help="rollout JSONL: prompt_token_ids, candidates with token_ids and correct")
     p.add_argument("--out", required=True, help="head file to write (.safetensors)")
-    p.add_argument("--layers", default="all", help="hidden states to read: all, lastN (e.g. last4) or indices 0,8,16 (default all)")
-    p.add_argument("--feature", choices=("hidden", "logits"), default="hidden", help="hidden states (default) or the final logits")
+    p.add_argument("--layers", default="all",
+                   help="hidden states to read: all, lastN (e.g. last4) or indices 0,8,16 (default all)")
+    p.add_argument("--feature", choices=("hidden", "logits"), default="hidden",
+                   help="hidden states (default) or the final logits")
     p.add_argument("--no-gate", action="store_true", help="plain mean of token rewards instead of the gated average")
     p.add_argument("--alignment", choices=("predicting", "emitted"), default="predicting",
-                   help="score token r_j with the state that predicted it (default) or where it is the input (the paper's)")
+                   help="score token r_j with the state that predicted it (default) "
+                        "or where it is the input (the paper's)")
     p.add_argument("--loss", choices=LOSSES, default="bce", help="training loss (default bce)")
     p.add_argument("--alpha", type=float, default=0.01, help="temperature of InfoNCA/NCA targets (default 0.01)")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4)")
     p.add_argument("--weight-decay", type=float, default=1e-5, help="AdamW weight decay (default 1e-5)")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
-    p.add_argument("--epochs", type=int, default=20, help="most epochs (default 20; early stopping usually ends sooner)")
-    p.add_argument("--patience", type=int, default=3, help="epochs without a better validation loss before stopping (default 3)")
-    p.add_argument("--val-fraction", type=float, default=0.2, help="share of problems held out for validation (default 0.2)")
+    p.add_argument("--epochs", type=int, default=20,
+                   help="most epochs (default 20; early stopping usually ends sooner)")
+    p.add_argument("--patience", type=int, default=3,
+                   help="epochs without a better validation loss before stopping (default 3)")
+    p.add_argument("--val-fraction", type=float, default=0.2,
+                   help="share of problems held out for validation (default 0.2)")
     p.add_argument("--seed", type=int, default=0, help="seed of split, initial weights and batch order (default 0)")
     p.add_argument("--cache-dir", help="keep features in a memory-mapped file here (small models)")
-    p.add_argument("--dtype", default="auto", help="auto (checkpoint dtype on GPU, float32 on CPU), bfloat16, float16, float32")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (checkpoint dtype on GPU, float32 on CPU), bfloat16, float16, float32")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p

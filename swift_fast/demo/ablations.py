@@ -33,8 +33,9 @@ def variants(recipe: Recipe) -> dict[str, dict]:
     }
 
 
-def run_ablations(rollouts: str, work: str = "demo_build", out: str = "demo_out/ablations.json", recipe: Recipe = DEFAULT,
-                  only: list[str] | None = None, progress: bool = True, log=print) -> dict:
+def run_ablations(rollouts: str, work: str = "demo_build", out: str = "demo_out/ablations.json",
+                  recipe: Recipe = DEFAULT, only: list[str] | None = None, progress: bool = True,
+                  log=print) -> dict:
     from transformers import AutoModelForCausalLM
 
     from ..hf.scoring import swift_scores
@@ -65,9 +66,12 @@ def run_ablations(rollouts: str, work: str = "demo_build", out: str = "demo_out/
         c_.scores = {name: c_.scores[f"ablation:{name}"]}
         sel = {"majority": report.majority, name: report.best_of(name), f"{name} weighted vote": report.weighted(name)}
         t = report.bon_table(c_, sel, ks=KS)
-        results[name] = {"setting": h, "best_epoch": res.best_epoch, "accuracy": t.to_json()["accuracy"], "ci95": t.to_json()["ci95"]}
+        results[name] = {
+            "setting": h, "best_epoch": res.best_epoch, "accuracy": t.to_json()["accuracy"], "ci95": t.to_json()["ci95"]
+        }
         log(f"{name:12s} " + " ".join(f"k={k}: {100 * t.rows[name][k]:5.1f}" for k in KS)
-            + f" | weighted vote @16 {100 * t.rows[f'{name} weighted vote'][16]:5.1f} | majority @16 {100 * t.rows['majority'][16]:5.1f}")
+            + f" | weighted vote @16 {100 * t.rows[f'{name} weighted vote'][16]:5.1f}"
+            f" | majority @16 {100 * t.rows['majority'][16]:5.1f}")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)

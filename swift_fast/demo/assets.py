@@ -47,7 +47,8 @@ def read_provenance(root: str = ASSETS_DIR) -> dict:
     path = os.path.join(root, PROVENANCE)
     if not os.path.isfile(path):
         raise AssetError(
-            f"no demo artefacts at {root} ({PROVENANCE} is missing): rebuild them with `swift-fast demo build --out {root}`"
+            f"no demo artefacts at {root} ({PROVENANCE} is missing): "
+            f"rebuild them with `swift-fast demo build --out {root}`"
         )
     with open(path, encoding="utf-8") as f:
         return json.load(f)

@@ -110,8 +110,12 @@ class HFBackend:
             responses = hf_sample(self.model, self.tokenizer, chunk, sampling)
             flat_p = [p for p, rs in zip(chunk, responses) for _ in rs]
             flat_r = [r for rs in responses for r in rs]
-            swift = swift_scores(self.model, self.head, [p + r for p, r in zip(flat_p, flat_r)], [len(p) for p in flat_p], batch_size=64)
-            sar = sar_rewards(self.model, self.tokenizer, flat_p, flat_r, system_prompt=self.sar_system_prompt, batch_size=64)
+            swift = swift_scores(
+                self.model, self.head, [p + r for p, r in zip(flat_p, flat_r)], [len(p) for p in flat_p], batch_size=64
+            )
+            sar = sar_rewards(
+                self.model, self.tokenizer, flat_p, flat_r, system_prompt=self.sar_system_prompt, batch_size=64
+            )
             eos = self.tokenizer.eos_token_id
             it = iter(zip(flat_r, swift.tolist(), sar.tolist()))
             for rs in responses:
@@ -188,7 +192,12 @@ class VLLMBackend:
         for o in outs:
             cands = sorted(o.outputs, key=lambda c: c.index)
             result.append(
-                [_candidate(self.tokenizer, list(c.token_ids), eos, getattr(c, "swift_score", None), getattr(c, "sar", None)) for c in cands]
+                [
+                    _candidate(
+                        self.tokenizer, list(c.token_ids), eos, getattr(c, "swift_score", None), getattr(c, "sar", None)
+                    )
+                    for c in cands
+                ]
             )
         return result
 
@@ -197,7 +206,7 @@ def make_backend(kind: str, model_dir: str, head_path: str, sar_system_prompt: s
     """``kind``: ``"vllm"``, ``"transformers"`` or ``"auto"`` (vLLM when it imports)."""
     if kind == "auto":
         try:
-            import vllm  # noqa: F401
+            import vllm  # noqa: F401 - imported only to see whether vLLM is installed
 
             kind = "vllm"
         except Exception:

@@ -31,15 +31,22 @@ from .tokenizer import prompt_ids
 def splits(recipe: Recipe) -> tuple[list[dict], list[dict]]:
     """``(train, test)`` problem rows: ``id``, ``question``, ``reference``, ``terms``."""
     test = T.make_split(recipe.test_problems, recipe.task, seed=recipe.test_seed)
-    train = T.make_split(recipe.train_problems, recipe.task, seed=recipe.train_seed, exclude={T.question(t) for t in test})
+    train = T.make_split(
+        recipe.train_problems, recipe.task, seed=recipe.train_seed, exclude={T.question(t) for t in test}
+    )
 
     def rows(name, probs):
-        return [{"id": f"{name}/{i}", "question": T.question(t), "reference": T.reference(t), "terms": t} for i, t in enumerate(probs)]
+        return [
+            {"id": f"{name}/{i}", "question": T.question(t), "reference": T.reference(t), "terms": t}
+            for i, t in enumerate(probs)
+        ]
 
     return rows("train", train), rows("test", test)
 
 
-def collect_rollouts(model_dir: str, rows: list[dict], recipe: Recipe, path: str, progress: bool = True, batch_prompts: int = 16) -> str:
+def collect_rollouts(
+    model_dir: str, rows: list[dict], recipe: Recipe, path: str, progress: bool = True, batch_prompts: int = 16
+) -> str:
     """Sample ``recipe.rollouts_n`` candidates per problem, grade them, write a rollout file."""
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -62,7 +69,8 @@ def collect_rollouts(model_dir: str, rows: list[dict], recipe: Recipe, path: str
             prob = Problem(id=r["id"], question=r["question"], reference=r["reference"], kind="integer",
                            prompt=tok.decode(p), prompt_token_ids=p,
                            candidates=[{"token_ids": x, "text": tok.decode(x, skip_special_tokens=True),
-                                        "finish_reason": "stop" if x and x[-1] == tok.eos_token_id else "length"} for x in resps])
+                                        "finish_reason": "stop" if x and x[-1] == tok.eos_token_id else "length"}
+                                       for x in resps])
             grade(prob)
             problems.append(prob)
         bar.update(len(chunk))
@@ -71,7 +79,9 @@ def collect_rollouts(model_dir: str, rows: list[dict], recipe: Recipe, path: str
     return path
 
 
-def train_head(model_dir: str, rollouts: str, recipe: Recipe, progress: bool = True, cache_dir: str | None = None, **overrides):
+def train_head(
+    model_dir: str, rollouts: str, recipe: Recipe, progress: bool = True, cache_dir: str | None = None, **overrides
+):
     """The SWIFT head for the model, trained with ``swift_fast.hf.train_from_rollouts``."""
     from transformers import AutoModelForCausalLM
 
@@ -130,7 +140,9 @@ def build(out: str = A.ASSETS_DIR, work: str = "demo_build", recipe: Recipe = DE
         collect_rollouts(model_dir, train_rows, recipe, rollouts, progress=progress)
         timings["rollouts_seconds"] = round(time.time() - t, 1)
     t = time.time()
-    head, result = train_head(model_dir, rollouts, recipe, progress=progress, cache_dir=os.path.join(work, "feature_cache"))
+    head, result = train_head(
+        model_dir, rollouts, recipe, progress=progress, cache_dir=os.path.join(work, "feature_cache")
+    )
     timings["head_seconds"] = round(time.time() - t, 1)
     shutil.copytree(model_dir, os.path.join(tmp, A.MODEL))
     head.save(os.path.join(tmp, A.HEAD))

@@ -57,9 +57,12 @@ def _marked(tokens: list[str], values: torch.Tensor) -> str:
     return "".join(out)
 
 
-def render(problems: Sequence[Problem], values: Sequence[Sequence[torch.Tensor]], tokenizer, title: str, summary_html: str = "") -> str:
+def render(
+    problems: Sequence[Problem], values: Sequence[Sequence[torch.Tensor]], tokenizer, title: str, summary_html: str = ""
+) -> str:
     """The page. ``values[p][c]``: token values of candidate ``c`` of problem ``p``."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{_CSS}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>", summary_html,
              "<p class='legend'><span class='hi'>ten highest g&middot;r tokens</span>"
              "<span class='lo'>ten lowest g&middot;r tokens</span> hover a token for its value; "
@@ -69,14 +72,17 @@ def render(problems: Sequence[Problem], values: Sequence[Sequence[torch.Tensor]]
         finite = [s if s is not None else float("-inf") for s in scores]
         chosen = max(range(len(finite)), key=lambda i: (finite[i], -i))
         parts.append(f"<h2>{html.escape(p.id)}: {html.escape(p.question)} = {html.escape(str(p.reference))}</h2>")
-        parts.append("<table><tr><th>#</th><th>SWIFT</th><th>SAR</th><th>answer</th><th>response (tokens coloured by gate &times; reward)</th></tr>")
+        parts.append("<table><tr><th>#</th><th>SWIFT</th><th>SAR</th><th>answer</th>"
+                     "<th>response (tokens coloured by gate &times; reward)</th></tr>")
         for i, (c, v) in enumerate(zip(p.candidates, vals)):
             toks = [tokenizer.decode([t]) for t in c["token_ids"]]
             mark = "ok" if c.get("correct") else "bad"
             sar = c.get("sar")
             parts.append(
-                f"<tr class='{'sel-swift' if i == chosen else ''}'><td>{i}</td><td>{_fmt(c.get('swift_score'))}</td><td>{_fmt(sar)}</td>"
-                f"<td class='{mark}'>{html.escape(str(c.get('answer')))} {'&#10003;' if c.get('correct') else '&#10007;'}</td>"
+                f"<tr class='{'sel-swift' if i == chosen else ''}'><td>{i}</td><td>{_fmt(c.get('swift_score'))}</td>"
+                f"<td>{_fmt(sar)}</td>"
+                f"<td class='{mark}'>{html.escape(str(c.get('answer')))} "
+                f"{'&#10003;' if c.get('correct') else '&#10007;'}</td>"
                 f"<td class='text'>{_marked(toks, v)}</td></tr>"
             )
         parts.append("</table>")

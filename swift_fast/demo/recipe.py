@@ -33,7 +33,9 @@ class Recipe:
     model: ModelConfig = ModelConfig(hidden_size=128, num_layers=4, num_heads=2, num_kv_heads=1, intermediate_size=512)
     #: 2 threads: ~0.28 s a step on an idle 2-core machine (~12 min); the thread count is part of
     #: what makes the weights bit-identical between builds
-    train: TrainConfig = TrainConfig(steps=2500, batch_size=64, lr=3e-3, warmup=100, weight_decay=0.01, seed=0, threads=2)
+    train: TrainConfig = TrainConfig(
+        steps=2500, batch_size=64, lr=3e-3, warmup=100, weight_decay=0.01, seed=0, threads=2
+    )
     test_problems: int = 200
     test_seed: int = 1
     train_problems: int = 400

@@ -147,7 +147,9 @@ def _html(problems, model_dir, head_path, tok, path, summary):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     head = SwiftHead.load(head_path)
     with torch.no_grad():
-        values = [token_values(model, head, p.prompt_token_ids, [c["token_ids"] for c in p.candidates]) for p in problems]
+        values = [
+            token_values(model, head, p.prompt_token_ids, [c["token_ids"] for c in p.candidates]) for p in problems
+        ]
     page = render(problems, values, tok, "swift-fast demo: candidates and their SWIFT token scores",
                   f"<p>{summary}</p>")
     with open(path, "w", encoding="utf-8") as f:

@@ -50,7 +50,7 @@ def problem_seed(seed: int, problem_id: str) -> int:
 
 def vllm_available() -> bool:
     try:
-        import vllm  # noqa: F401
+        import vllm  # noqa: F401 - imported only to see whether vLLM is installed
     except Exception:
         return False
     return True
@@ -221,13 +221,27 @@ def collect(
         raise ValueError(f"n must be >= 1, got {cfg.n}")
     writer = RolloutWriter(out_path, resume=True)
     todo = [ex for ex in examples if str(ex.id) not in writer.done]
-    stats = {"problems": len(examples), "skipped_done": len(examples) - len(todo), "written": 0, "candidates": 0, "correct": 0}
+    stats = {
+        "problems": len(examples),
+        "skipped_done": len(examples) - len(todo),
+        "written": 0,
+        "candidates": 0,
+        "correct": 0,
+    }
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(examples), initial=stats["skipped_done"], desc=f"collect ({engine.name})", unit="problem")
-    sampling = {"n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed}
+        bar = tqdm(
+            total=len(examples), initial=stats["skipped_done"], desc=f"collect ({engine.name})", unit="problem"
+        )
+    sampling = {
+        "n": cfg.n,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "max_new_tokens": cfg.max_new_tokens,
+        "seed": cfg.seed,
+    }
     try:
         for a in range(0, len(todo), cfg.chunk):
             chunk = todo[a : a + cfg.chunk]
@@ -245,7 +259,12 @@ def collect(
                         prompt=text,
                         prompt_token_ids=ids,
                         candidates=cs,
-                        extra={"dataset": getattr(ex, "dataset", None), "model": model_name, "engine": engine.name, "sampling": sampling},
+                        extra={
+                            "dataset": getattr(ex, "dataset", None),
+                            "model": model_name,
+                            "engine": engine.name,
+                            "sampling": sampling,
+                        },
                     )
                 )
                 stats["written"] += 1

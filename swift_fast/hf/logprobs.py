@@ -3,7 +3,8 @@
 The decoder stack runs without ``lm_head``; the final states of the positions that predict
 response tokens are gathered and reduced to ``log P(token)`` by the fused kernel
 (``swift_fast.kernels.token_logprobs_from_hidden``); any other LM head (a bias, another dtype than
-the states, a LoRA or quantised wrapper) goes through its own forward in a chunked path that holds at most one ``[chunk, V]`` block of logits.
+the states, a LoRA or quantised wrapper) goes through its own forward in a chunked path that
+holds at most one ``[chunk, V]`` block of logits.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from .features import (
 )
 
 
-def logprobs_from_hidden(hidden: torch.Tensor, lm_head: nn.Module, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """``log softmax(lm_head(hidden) / temperature)[targets]``: ``hidden [N, d]``, ``targets [N]`` -> ``[N]`` float32."""
+def logprobs_from_hidden(
+    hidden: torch.Tensor, lm_head: nn.Module, targets: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """``log softmax(lm_head(hidden) / temperature)[targets]``: ``hidden [N, d]``, ``targets [N]``
+    -> ``[N]`` float32."""
     # NOTE: the fused path reads ``lm_head.weight`` itself, so only a plain ``nn.Linear`` may take
     # it: a LoRA-wrapped or quantised head computes something else than ``hidden @ weight^T``.
     plain = isinstance(lm_head, nn.Linear) and type(lm_head).forward is nn.Linear.forward

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from ..datasets import DataError
 from ..rollouts import Problem, iter_rollouts

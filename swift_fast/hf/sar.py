@@ -9,7 +9,6 @@ logits) and combine in :func:`swift_fast.sar.sar_reward`.
 
 from __future__ import annotations
 
-
 from torch import nn
 
 from ..sar import DEFAULT_SYSTEM_PROMPT, sar_reward

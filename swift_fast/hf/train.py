@@ -80,7 +80,9 @@ class FeatureCache:
 
     def read(self, keys: Sequence[int], device) -> tuple[list[torch.Tensor], torch.Tensor]:
         parts = [np.asarray(self.data[self.offsets[k] : self.offsets[k + 1]]) for k in keys]
-        raw = torch.from_numpy(np.concatenate(parts, 0) if parts else np.zeros((0, self.k, self.d), _INT_OF_SIZE[self.size]))
+        raw = torch.from_numpy(
+            np.concatenate(parts, 0) if parts else np.zeros((0, self.k, self.d), _INT_OF_SIZE[self.size])
+        )
         x = raw.view(self.dtype).to(device)
         cu = torch.zeros(len(keys) + 1, dtype=torch.long)
         cu[1:] = torch.tensor([int(self.offsets[k + 1] - self.offsets[k]) for k in keys], dtype=torch.long).cumsum(0)
@@ -204,7 +206,9 @@ def train_from_rollouts(
         "feature": feature,
         "data": _data_digest(seqs),
     }
-    source = HFFeatureSource(model, seqs.sequences, seqs.prompt_lengths, head.layers, alignment, feature, cache_dir, spec)
+    source = HFFeatureSource(
+        model, seqs.sequences, seqs.prompt_lengths, head.layers, alignment, feature, cache_dir, spec
+    )
     result = train_head(
         head,
         source,
