@@ -31,7 +31,6 @@ class Projector:
     def __init__(self, weight: torch.Tensor, d: int, home: torch.device):
         self.d = d
         self.home = torch.device(home)
-        self.slots = weight.shape[1] // d
         self._weight = weight.detach().to(self.home, torch.float32)
         self._columns: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._transposed: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}

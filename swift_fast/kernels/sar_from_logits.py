@@ -21,17 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ._dispatch import (
-    HAVE_TRITON,
-    device_guard,
-    native_module,
-    next_pow2,
-    resolve,
-    row_major,
-    same_device,
-    tl,
-    triton,
-)
+from ._dispatch import HAVE_TRITON, device_guard, native_module, next_pow2, resolve, row_major, same_device, tl, triton
 from .swift_reduce import segment_sums
 from .token_logprobs import (
     BLOCK_V,

@@ -30,17 +30,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from ..definitions import GATE_EPS
-from ._dispatch import (
-    HAVE_TRITON,
-    device_guard,
-    native_module,
-    next_pow2,
-    resolve,
-    row_major,
-    same_device,
-    tl,
-    triton,
-)
+from ._dispatch import HAVE_TRITON, device_guard, native_module, next_pow2, resolve, row_major, same_device, tl, triton
 from ._tl import round_code
 
 Layer = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]

@@ -24,17 +24,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ._dispatch import (
-    HAVE_TRITON,
-    device_guard,
-    native_module,
-    next_pow2,
-    resolve,
-    row_major,
-    same_device,
-    tl,
-    triton,
-)
+from ._dispatch import HAVE_TRITON, device_guard, native_module, next_pow2, resolve, row_major, same_device, tl, triton
 
 # ----------------------------------------------------------------------------------------------
 # reference
