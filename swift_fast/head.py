@@ -28,7 +28,6 @@ class Alignment:
     testing alignment names.
     """
 
-    name: str
     #: -1: the state whose logits produced ``r_j``; 0: the state where ``r_j`` is the input
     state_offset: int
     #: generation never computes the state of its last token as an input: scoring needs one
@@ -41,10 +40,9 @@ class Alignment:
 
 
 ALIGNMENT = {
-    "predicting": Alignment("predicting", -1, extra_forward=False, in_vllm=True,
+    "predicting": Alignment(state_offset=-1, extra_forward=False, in_vllm=True,
                             first_token_state="the state of the last prompt token"),
-    "emitted": Alignment("emitted", 0, extra_forward=True, in_vllm=False,
-                         first_token_state="its own state"),
+    "emitted": Alignment(state_offset=0, extra_forward=True, in_vllm=False, first_token_state="its own state"),
 }
 ALIGNMENTS = tuple(ALIGNMENT)
 FEATURES = ("hidden", "logits")

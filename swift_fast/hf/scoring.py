@@ -80,7 +80,7 @@ def swift_scores(
         cu = forward_scored_rows(parts, bseqs, bplens, head.alignment, indices, head.feature, consume, pad)
         state = torch.zeros((len(idx), 3), dtype=torch.float32, device=device)
         if n:
-            slots = torch.repeat_interleave(torch.arange(len(idx), device=device), (cu[1:] - cu[:-1]).to(device))
+            slots = torch.repeat_interleave(torch.arange(len(idx), device=device), cu[1:] - cu[:-1])
             finish_(projector.total(accs, n), bias, slots, state)
         out[torch.tensor(idx)] = scores_from_state(state).cpu()
         if bar is not None:

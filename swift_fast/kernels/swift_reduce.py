@@ -437,7 +437,6 @@ def swift_reduce(
     if len(layers) == 0:
         raise ValueError("swift_reduce needs at least one layer")
     pairs = [_pair(layer) for layer in layers]
-    _check_devices(pairs, weight, bias)
     first = pairs[0][0]
     paired = any(r is not None for _, r in pairs)
     which = resolve(backend, first.device, "swift_reduce", first.dtype, paired)
@@ -445,4 +444,5 @@ def swift_reduce(
         return swift_reduce_triton(layers, weight, bias, cu_seqlens)
     if which == "native":
         return swift_reduce_native(layers, weight, bias, cu_seqlens)
+    _check_devices(pairs, weight, bias)  # the fast paths check in check_inputs
     return swift_reduce_reference(layers, weight, bias, cu_seqlens)
