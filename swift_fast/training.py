@@ -24,12 +24,17 @@ Losses (paper appendix E.1), with ``y`` the correctness label and ``R`` the head
 ``alpha`` is 0.01 by default, so ``p`` is uniform over a problem's correct candidates (uniform
 over all of them when none is correct). Pointwise losses batch shuffled candidates; the
 problem-wise ones batch whole problems, up to ``batch_size`` candidates (one problem at least).
+
+Before the first epoch ``check_label_balance`` refuses splits whose labels cannot teach the loss
+(``LabelBalanceError``): every entry point (``train_head``, ``swift_fast.hf.train_from_rollouts``,
+``swift-fast train``, ``swift-fast demo build``) goes through it.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -192,9 +197,14 @@ def selection_metrics(scores: torch.Tensor, labels: torch.Tensor, groups: torch.
     }
 
 
-# -- the loop --------------------------------------------------------------------------------
+# -- data ------------------------------------------------------------------------------------
 class FeatureSource(Protocol):
-    """Gives a head's input for sequences named by keys."""
+    """Gives a head's input for sequences named by keys.
+
+    Optional attributes read for the progress output: ``recomputes`` (True when every call
+    computes its features afresh, so every epoch costs as much as the first) and
+    ``progress_note`` (a sentence shown once above the progress bar, or None).
+    """
 
     def features(self, keys: Sequence[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
         """``(states, cu_seqlens)``: ``k`` tensors ``[N, d]`` (the head's layers, in order,
@@ -219,8 +229,144 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
     val_metrics: dict = field(default_factory=dict)
     train_metrics: dict = field(default_factory=dict)
+    #: ``check_label_balance`` of the splits: ``{"train": counts, "val": counts}``
+    labels: dict = field(default_factory=dict)
 
 
+# -- label balance ---------------------------------------------------------------------------
+class LabelBalanceError(ValueError):
+    """A split whose labels cannot teach (training) or measure (validation) the chosen loss.
+
+    ``balance`` holds the counts of ``label_balance`` per split (``"train"``, ``"val"``)."""
+
+    def __init__(self, message: str, balance: dict):
+        super().__init__(message)
+        self.balance = balance
+
+
+def label_balance(examples: Sequence[Example]) -> dict:
+    """Counts of a set of candidates: ``problems``, ``candidates``, ``correct``, ``incorrect``,
+    ``problems_with_both`` (a correct and an incorrect candidate), ``problems_all_correct``,
+    ``problems_all_incorrect``."""
+    per: dict[str, list[int]] = {}
+    for e in examples:
+        per.setdefault(e.problem, [0, 0])[0 if e.label else 1] += 1
+    return {
+        "problems": len(per),
+        "candidates": len(examples),
+        "correct": sum(c for c, _ in per.values()),
+        "incorrect": sum(i for _, i in per.values()),
+        "problems_with_both": sum(1 for c, i in per.values() if c and i),
+        "problems_all_correct": sum(1 for c, i in per.values() if c and not i),
+        "problems_all_incorrect": sum(1 for c, i in per.values() if i and not c),
+    }
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def describe_balance(b: dict) -> str:
+    """One line of ``label_balance`` counts, for people."""
+    return (
+        f"{_count(b['problems'], 'problem')}, {_count(b['candidates'], 'candidate')} ({b['correct']} correct, "
+        f"{b['incorrect']} incorrect); {_count(b['problems_with_both'], 'problem')} with both, "
+        f"{b['problems_all_correct']} all correct, {b['problems_all_incorrect']} all incorrect"
+    )
+
+
+_SPLIT_NAMES = {"train": "training", "val": "validation"}
+
+
+def _split_problem(b: dict, loss: str) -> str | None:
+    """Why a split with counts ``b`` cannot serve ``loss``; None when it can."""
+    if loss in GROUP_LOSSES:
+        if b["problems_with_both"]:
+            return None
+        return "no problem with both a correct and an incorrect candidate"
+    if b["correct"] and b["incorrect"]:
+        return None
+    if not b["candidates"]:
+        return "no candidate"
+    return "no incorrect candidate" if b["correct"] else "no correct candidate"
+
+
+def _consequence(split: str, loss: str) -> str:
+    if split == "val":
+        # a validation loss that cannot see correctness makes early stopping pick an arbitrary epoch
+        return (
+            "so its loss cannot tell a head that separates correct from incorrect candidates from one that "
+            "does not, and early stopping would pick the epoch blindly"
+        )
+    if loss == "dpo":
+        return "and dpo learns only from (correct, incorrect) pairs within a problem: it has no pair at all"
+    if loss in GROUP_LOSSES:
+        return (
+            f"and {loss} compares the candidates within a problem: with one kind per problem its target is "
+            "uniform and it learns nothing about correctness"
+        )
+    return "so the loss falls towards 0 by predicting one label everywhere and the head learns nothing"
+
+
+def _fixes(whole: dict, loss: str) -> str:
+    if not whole["correct"]:
+        return (
+            "every candidate is incorrect: the model never solves these problems. Collect rollouts on "
+            "problems it solves some of the time (an easier dataset, or a stronger model), sample more "
+            "candidates per problem, and check the grading (answer extraction, references)."
+        )
+    if not whole["incorrect"]:
+        return (
+            "every candidate is correct: collect rollouts on harder problems, or sample more candidates "
+            "per problem at a higher temperature."
+        )
+    if loss in GROUP_LOSSES and not whole["problems_with_both"]:
+        return (
+            "no problem has both kinds: sample more candidates per problem (or at a higher temperature) so "
+            "that some do, or train with a pointwise loss (bce, hinge), which learns from problems of one kind."
+        )
+    kinds = "problems with both kinds" if loss in GROUP_LOSSES else "correct and incorrect candidates"
+    return (
+        f"the data as a whole has {kinds}, but this split does not: change the split (its seed or validation "
+        "fraction: --seed, --val-fraction on the command line) or add problems"
+        + (", or train with a pointwise loss (bce, hinge)." if loss in GROUP_LOSSES else ".")
+    )
+
+
+def check_label_balance(train: Sequence[Example], val: Sequence[Example], loss: str = "bce") -> dict:
+    """The label balance of both splits, ``{"train": label_balance(train), "val": label_balance(val)}``,
+    or ``LabelBalanceError`` when a split cannot serve ``loss``.
+
+    Pointwise losses (bce, hinge) need both classes in each split. The problem-wise ones (dpo,
+    infonca, nca) need, in each split, a problem with both a correct and an incorrect candidate:
+    without one, dpo has no pair and infonca/nca have a uniform target. Rollouts where every
+    candidate is wrong would otherwise train to a loss near 0 and write a head that learned nothing.
+
+    The validation split is held to the same rule, and refused rather than warned about: its loss
+    chooses the epoch whose weights are kept, and a loss blind to correctness makes that choice
+    arbitrary while the run still looks successful.
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; expected one of {', '.join(LOSSES)}")
+    balance = {"train": label_balance(train), "val": label_balance(val)}
+    for split in ("train", "val"):
+        why = _split_problem(balance[split], loss)
+        if why is None:
+            continue
+        whole = label_balance(list(train) + list(val))
+        raise LabelBalanceError(
+            f"cannot train a head with the {loss} loss: the {_SPLIT_NAMES[split]} split has {why}, "
+            f"{_consequence(split, loss)}.\n"
+            f"  all data:         {describe_balance(whole)}\n"
+            f"  training split:   {describe_balance(balance['train'])}\n"
+            f"  validation split: {describe_balance(balance['val'])}\n"
+            f"To fix: {_fixes(whole, loss)}",
+            balance,
+        )
+    return balance
+
+
+# -- the loop --------------------------------------------------------------------------------
 def head_scores(head: SwiftHead, states: Sequence[torch.Tensor], cu: torch.Tensor) -> torch.Tensor:
     """``R`` per sequence, differentiable in the head's parameters (DESIGN 2 reference math)."""
     dev = head.weight.device
@@ -299,6 +445,9 @@ def train_head(
     Seeded: ``seed`` fixes the initial weights (when ``init``) and the batch order, so a run is
     reproducible on the same machine. ``on_epoch(epoch, head, record)`` is called after each
     epoch's validation.
+
+    Raises ``LabelBalanceError`` before the first epoch when a split cannot teach or measure the
+    loss (``check_label_balance``); the counts it checked are ``result.labels``.
     """
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; expected one of {', '.join(LOSSES)}")
@@ -308,6 +457,7 @@ def train_head(
         raise ValueError("no validation examples: early stopping needs a validation set")
     if batch_size < 1 or max_epochs < 1 or patience < 1:
         raise ValueError("batch_size, max_epochs and patience must be >= 1")
+    balance = check_label_balance(train, val, loss)
     g = torch.Generator().manual_seed(seed)
     if init:
         with torch.no_grad():
@@ -322,7 +472,13 @@ def train_head(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=max_epochs, desc="train", unit="epoch", dynamic_ncols=True)
+        tqdm.write(f"training split:   {describe_balance(balance['train'])}", file=sys.stderr)
+        tqdm.write(f"validation split: {describe_balance(balance['val'])}", file=sys.stderr)
+        note = getattr(source, "progress_note", None)
+        if note:
+            tqdm.write(note, file=sys.stderr)
+        desc = "train (features recomputed every epoch)" if getattr(source, "recomputes", False) else "train"
+        bar = tqdm(total=max_epochs, desc=desc, unit="epoch", dynamic_ncols=True)
     for epoch in range(1, max_epochs + 1):
         head.train()
         total, count = 0.0, 0
@@ -383,4 +539,5 @@ def train_head(
         history=history,
         val_metrics=val_metrics,
         train_metrics={"loss": best["train_loss"]},
+        labels=balance,
     )

@@ -11,6 +11,7 @@ from swift_fast.datasets import DataError
 from swift_fast.head import SwiftHead
 from swift_fast.hf import swift_scores, train_from_rollouts
 from swift_fast.rollouts import Problem, read_rollouts, write_rollouts
+from swift_fast.training import LOSSES, LabelBalanceError, split_by_problem
 
 transformers = pytest.importorskip("transformers")
 
@@ -141,11 +142,14 @@ def test_rollouts_without_token_ids_or_labels_are_refused_with_file_and_line(
     with pytest.raises(DataError, match=r"bad\.jsonl:3: .*'correct' must be true or false"):
         train_from_rollouts(model, str(bad), progress=False)
     # empty responses carry no scored token: left out of training and counted
-    rows = [json.loads(json.dumps(p.to_json())) for p in problems]
+    rows = [json.loads(json.dumps(p.to_json())) for p in _rollouts(tok, tmp_path / "ok3.jsonl", problems=3, n=3)]
+    for r in rows:  # both kinds in every problem, after the empty one is left out too: any split can train
+        for ci, c in enumerate(r["candidates"]):
+            c["correct"] = ci != 1
     rows[0]["candidates"][0]["token_ids"] = []
     bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
     h, _ = train_from_rollouts(model, str(bad), max_epochs=1, progress=False)
-    assert h.provenance["data"]["skipped_empty"] == 1 and h.provenance["data"]["candidates"] == 5
+    assert h.provenance["data"]["skipped_empty"] == 1 and h.provenance["data"]["candidates"] == 8
 
 
 def test_train_cli_refuses_an_unsupported_architecture(tmp_path, capsys):
@@ -160,3 +164,88 @@ def test_train_cli_refuses_an_unsupported_architecture(tmp_path, capsys):
         "--out", str(tmp_path / "h.safetensors"),
     ])
     assert rc == 2 and "unsupported architecture GPT2LMHeadModel" in capsys.readouterr().err
+
+
+def _relabel(problems, path, correct):
+    for pi, p in enumerate(problems):
+        for ci, c in enumerate(p.candidates):
+            c["correct"] = correct(pi, ci)
+    write_rollouts(path, problems)
+    return problems
+
+
+def test_rollouts_that_cannot_teach_are_refused_by_the_api_and_the_cli(model_dir, model_and_tok, tmp_path, capsys):
+    model, tok = model_and_tok
+    data = tmp_path / "all_wrong.jsonl"
+    _relabel(_rollouts(tok, tmp_path / "r.jsonl"), data, lambda pi, ci: False)
+    for loss in LOSSES:
+        with pytest.raises(LabelBalanceError) as e:
+            train_from_rollouts(model, str(data), loss=loss, cache_dir=str(tmp_path / "cache"), progress=False)
+        msg = str(e.value)
+        assert f"cannot train a head with the {loss} loss: the training split has no " in msg
+        assert "  all data:         20 problems, 160 candidates (0 correct, 160 incorrect); 0 problems with both" in msg
+        assert "  training split:   16 problems, 128 candidates (0 correct, 128 incorrect)" in msg
+        assert "every candidate is incorrect" in msg
+    assert not (tmp_path / "cache").exists()  # refused before any feature was computed
+
+    head_path = tmp_path / "h.safetensors"
+    rc = main(["train", "--model", model_dir, "--rollouts", str(data), "--out", str(head_path), "--loss", "dpo"])
+    captured = capsys.readouterr()
+    assert rc == 2 and not head_path.exists() and "Traceback" not in captured.err
+    assert captured.err.startswith("error: cannot train a head with the dpo loss: the training split has no problem")
+    assert "(0 correct, 160 incorrect)" in captured.err
+
+    # both classes overall, one per problem: a pairwise loss has nothing to compare
+    mixed = tmp_path / "one_kind_per_problem.jsonl"
+    _relabel(_rollouts(tok, tmp_path / "r.jsonl"), mixed, lambda pi, ci: pi % 2 == 0)
+    with pytest.raises(LabelBalanceError, match=r"(?s)the dpo loss: the training split has no problem with both.*"
+                       r"no problem has both kinds.*pointwise loss"):
+        train_from_rollouts(model, str(mixed), loss="dpo", progress=False)
+
+
+def test_provenance_records_the_label_balance_and_progress_names_the_cache(model_and_tok, tmp_path, capsys):
+    model, tok = model_and_tok
+    data = tmp_path / "r.jsonl"
+    problems = _rollouts(tok, data, problems=10, n=4, seed=3)
+    head, res = train_from_rollouts(model, str(data), layers="last2", max_epochs=1, progress=True)
+    err = capsys.readouterr().err
+    assert "train (features recomputed every epoch)" in err
+    assert "features are recomputed by the model for every batch of every epoch" in err and "--cache-dir DIR" in err
+    head.save(tmp_path / "h.safetensors")
+    labels = SwiftHead.load(tmp_path / "h.safetensors").provenance["data"]["labels"]
+
+    _, val_ids = split_by_problem([p.id for p in problems], 0.2, 0)
+    want = {}
+    for split, chosen in (("train", [p for p in problems if p.id not in val_ids]),
+                          ("val", [p for p in problems if p.id in val_ids])):
+        kinds = [{c["correct"] for c in p.candidates} for p in chosen]
+        correct = sum(c["correct"] for p in chosen for c in p.candidates)
+        want[split] = {
+            "problems": len(chosen), "candidates": 4 * len(chosen), "correct": correct,
+            "incorrect": 4 * len(chosen) - correct, "problems_with_both": kinds.count({True, False}),
+            "problems_all_correct": kinds.count({True}), "problems_all_incorrect": kinds.count({False}),
+        }
+    assert labels == want == res.labels
+    assert want["train"]["problems"] == 8 and want["val"]["problems"] == 2
+
+    train_from_rollouts(model, str(data), layers="last2", max_epochs=1, cache_dir=str(tmp_path / "c"), progress=True)
+    err = capsys.readouterr().err
+    assert "training split:   8 problems" in err and "recomputed" not in err
+
+
+def test_demo_head_training_refuses_rollouts_that_cannot_teach(model_dir, model_and_tok, tmp_path):
+    import shutil
+
+    _, tok = model_and_tok
+    work = tmp_path / "work"
+    shutil.copytree(model_dir, work / "model")
+    data = work / "train_rollouts.jsonl"
+    _relabel(_rollouts(tok, tmp_path / "r.jsonl", problems=10, n=4), data, lambda pi, ci: False)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["demo", "ablations", "--work", str(work), "--rollouts", str(data), "--out", str(tmp_path / "o"),
+                  "--no-progress"])
+    finally:
+        torch.set_num_threads(threads)
+    assert str(e.value.code).startswith("swift-fast demo ablations: cannot train a head with the dpo loss")

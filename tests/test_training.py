@@ -8,9 +8,12 @@ import torch
 
 from swift_fast.head import SwiftHead
 from swift_fast.training import (
+    GROUP_LOSSES,
     LOSSES,
     Example,
+    LabelBalanceError,
     auc,
+    check_label_balance,
     compute_loss,
     selection_metrics,
     split_by_problem,
@@ -191,3 +194,63 @@ def test_problem_wise_losses_batch_whole_problems():
         problems = {k // 4 for k in c}
         assert sum(len([k for k in c if k // 4 == p]) for p in problems) == len(c) == 4 * len(problems)
     assert res.epochs_run == 2
+
+
+def _labelled(keys, label_of):
+    return [Example(key=k, problem=f"p{k // 4}", label=label_of(k)) for k in keys]
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_all_wrong_candidates_are_refused_before_any_feature_is_computed(loss):
+    src = Source(40)
+    train, val = _labelled(range(0, 32), lambda k: False), _labelled(range(32, 40), lambda k: False)
+    with pytest.raises(LabelBalanceError) as e:
+        train_head(SwiftHead(8, [0]), src, train, val, loss=loss, progress=False)
+    msg = str(e.value)
+    why = "no correct candidate"
+    if loss in GROUP_LOSSES:
+        why = "no problem with both a correct and an incorrect candidate"
+    assert f"cannot train a head with the {loss} loss: the training split has {why}" in msg
+    assert "  all data:         10 problems, 40 candidates (0 correct, 40 incorrect); 0 problems with both" in msg
+    assert "  training split:   8 problems, 32 candidates (0 correct, 32 incorrect)" in msg
+    assert "  validation split: 2 problems, 8 candidates (0 correct, 8 incorrect)" in msg
+    assert "every candidate is incorrect" in msg and "more candidates per problem" in msg
+    assert src.calls == []  # refused before the first epoch
+    assert e.value.balance["train"]["incorrect"] == 32
+
+
+def test_problem_wise_losses_need_a_problem_with_both_kinds_pointwise_ones_do_not():
+    src = Source(40)
+    # problems alternate all correct / all incorrect: both classes exist, no problem has both
+    train, val = _labelled(range(0, 32), lambda k: k // 4 % 2 == 0), _labelled(range(32, 40), lambda k: k // 4 % 2 == 0)
+    for loss in GROUP_LOSSES:
+        with pytest.raises(LabelBalanceError, match=f"the {loss} loss: the training split has no problem with both"):
+            train_head(SwiftHead(8, [0]), src, train, val, loss=loss, progress=False)
+        with pytest.raises(LabelBalanceError) as e:
+            check_label_balance(train, val, loss)
+        msg = str(e.value)
+        assert "(16 correct, 16 incorrect); 0 problems with both, 4 all correct, 4 all incorrect" in msg
+        assert "no problem has both kinds" in msg and "pointwise loss (bce, hinge)" in msg
+    assert src.calls == []
+    for loss in ("bce", "hinge"):
+        res = train_head(SwiftHead(8, [0]), src, train, val, loss=loss, max_epochs=1, progress=False)
+        assert res.labels["train"] == {
+            "problems": 8, "candidates": 32, "correct": 16, "incorrect": 16,
+            "problems_with_both": 0, "problems_all_correct": 4, "problems_all_incorrect": 4,
+        }
+
+
+def test_a_validation_split_that_cannot_measure_the_loss_is_refused():
+    src = Source(48)
+    train = _labelled(range(0, 32), lambda k: k % 2 == 0)
+    val = _labelled(range(32, 48), lambda k: True)  # the data has both kinds, this split one
+    with pytest.raises(LabelBalanceError) as e:
+        train_head(SwiftHead(8, [0]), src, train, val, loss="bce", progress=False)
+    msg = str(e.value)
+    assert "the validation split has no incorrect candidate" in msg and "early stopping" in msg
+    assert "change the split" in msg and "--val-fraction" in msg
+    with pytest.raises(LabelBalanceError, match="validation split has no problem with both"):
+        check_label_balance(train, val, "dpo")
+    # one problem with both kinds is enough to measure a pairwise loss
+    val[0].label = False
+    assert check_label_balance(train, val, "dpo")["val"]["problems_with_both"] == 1

@@ -38,16 +38,22 @@ def add_parser(sub, name, help_):
 def run(args) -> int:
     from ..demo import assets as A
 
-    if args.action == "build":
-        from ..demo.build import build
+    if args.action in ("build", "ablations"):
+        from ..training import LabelBalanceError
 
-        build(out=args.out or A.ASSETS_DIR, work=args.work, progress=not args.no_progress, reuse=args.reuse)
-        return 0
-    if args.action == "ablations":
-        from ..demo.ablations import run_ablations
+        try:
+            if args.action == "build":
+                from ..demo.build import build
 
-        run_ablations(args.rollouts, work=args.work, out=os.path.join(args.out or "demo_out", "ablations.json"),
-                      progress=not args.no_progress)
+                build(out=args.out or A.ASSETS_DIR, work=args.work, progress=not args.no_progress, reuse=args.reuse)
+            else:
+                from ..demo.ablations import run_ablations
+
+                run_ablations(args.rollouts, work=args.work,
+                              out=os.path.join(args.out or "demo_out", "ablations.json"),
+                              progress=not args.no_progress)
+        except LabelBalanceError as e:
+            raise SystemExit(f"swift-fast demo {args.action}: {e}") from None
         return 0
     from ..demo.backend import quiet_vllm_logs
     from ..demo.run import run_demo

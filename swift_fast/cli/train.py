@@ -16,7 +16,11 @@ validation loss, keeping the weights of the best epoch.
 Features are recomputed from the model batch by batch (no hidden states on disk); --cache-dir
 keeps them in a memory-mapped file for later epochs (bit-exact; suits small models). Runs are
 seeded (--seed): the split, the initial weights and the batch order are reproducible.
-The head file records model, data, loss, best epoch and validation metrics.
+The head file records model, data, label balance, loss, best epoch and validation metrics.
+
+Before loading the model the labels of both splits are checked: bce and hinge need correct and
+incorrect candidates in each split; dpo, infonca and nca need, in each split, a problem with both.
+Rollouts that cannot teach (every candidate wrong, say) are refused with their counts.
 """
 
 EXAMPLES = """\
@@ -72,9 +76,14 @@ def run(args) -> int:
     from ..hf.features import UnsupportedModelError
 
     try:
-        from ..hf.loading import load_model
-        from ..hf.train import train_from_rollouts
+        from transformers import AutoConfig
 
+        from ..hf.loading import check_supported_config, load_model
+        from ..hf.train import check_rollouts, train_from_rollouts
+
+        # the config and the rollout file alone decide these refusals: make them before a long model load
+        check_supported_config(AutoConfig.from_pretrained(args.model), args.model)
+        check_rollouts(args.rollouts, args.loss, args.val_fraction, args.seed)
         model, _ = load_model(args.model, args.dtype, args.device)
         head, result = train_from_rollouts(
             model,
@@ -107,5 +116,5 @@ def run(args) -> int:
         f"accuracy {vm['accuracy']:.3f}, AUC {vm['auc']:.3f}, BoN@all {vm['bon']:.3f} "
         f"(random {vm['random']:.3f}, oracle {vm['oracle']:.3f})"
     )
-    print(json.dumps({"best_epoch": result.best_epoch, "val": vm}, default=str))
+    print(json.dumps({"best_epoch": result.best_epoch, "val": vm, "labels": result.labels}, default=str))
     return 0

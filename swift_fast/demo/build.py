@@ -82,7 +82,8 @@ def collect_rollouts(
 def train_head(
     model_dir: str, rollouts: str, recipe: Recipe, progress: bool = True, cache_dir: str | None = None, **overrides
 ):
-    """The SWIFT head for the model, trained with ``swift_fast.hf.train_from_rollouts``."""
+    """The SWIFT head for the model, trained with ``swift_fast.hf.train_from_rollouts`` (which refuses
+    rollouts whose labels cannot teach the recipe's loss with ``swift_fast.training.LabelBalanceError``)."""
     from transformers import AutoModelForCausalLM
 
     from ..hf.train import train_from_rollouts
@@ -157,7 +158,8 @@ def build(out: str = A.ASSETS_DIR, work: str = "demo_build", recipe: Recipe = DE
                      "transformers": transformers.__version__, "platform": platform.platform()},
         "timings": timings,
         "model_training_log": model_training["log"],
-        "head": {"best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "val_metrics": result.val_metrics},
+        "head": {"best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "val_metrics": result.val_metrics,
+                 "labels": result.labels},
         "note": "Training is seeded; bit-identical weights need the same torch build and thread count.",
     }
     prov["files"] = A.fingerprints(tmp)

@@ -5,7 +5,12 @@ the decoder stack over the batch's sequences, keeping only the selected states o
 tokens for the duration of the step): nothing is written to disk unless a cache is asked for.
 ``cache_dir`` keeps those states in a memory-mapped file, bit-exact in the model's dtype, so
 later epochs read instead of recompute; its size is ``tokens x layers x d x bytes``, which suits
-small models.
+small models. Without a cache every epoch costs as much as the first (validation included): the
+progress output says so, and names the cache with its size when that size suits the disk
+(``CACHE_HINT_MAX_BYTES``, half the free space of the working directory's disk at most).
+
+The labels are checked before anything is computed (``swift_fast.training.check_label_balance``);
+``check_rollouts`` runs the same check on a rollout file without a model.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import hashlib
 import json
 import math
 import os
+import shutil
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -22,12 +29,33 @@ from torch import nn
 
 from ..files import sha256_of
 from ..head import SwiftHead, model_fingerprint, resolve_layers
-from ..training import DEFAULT_ALPHA, GROUP_LOSSES, LOSSES, Example, TrainResult, split_by_problem, train_head
+from ..training import (
+    DEFAULT_ALPHA,
+    GROUP_LOSSES,
+    LOSSES,
+    Example,
+    TrainResult,
+    check_label_balance,
+    split_by_problem,
+    train_head,
+)
 from .features import decoder_parts, extract_features
 from .rollout_data import RolloutSequences, rollout_sequences
 
 _INT_OF_SIZE = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 _TORCH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+#: largest feature cache the progress output suggests; past it, reading the cache back every epoch
+#: stops being an obvious win over recomputing
+CACHE_HINT_MAX_BYTES = 64 * 2**30
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
 
 
 class FeatureCache:
@@ -111,11 +139,28 @@ class HFFeatureSource:
         self.alignment = alignment
         self.feature = feature
         self.cache = None
+        d = self.parts.vocab_size if feature == "logits" else self.parts.hidden_size
+        dtype = torch.float32 if feature == "logits" else self.parts.lm_head.weight.dtype
+        counts = [len(s) - p for s, p in zip(sequences, prompt_lengths)]
+        #: bytes a feature cache of these sequences takes on disk
+        self.cache_bytes = sum(counts) * len(layers) * d * torch.empty((), dtype=dtype).element_size()
         if cache_dir:
-            d = self.parts.vocab_size if feature == "logits" else self.parts.hidden_size
-            dtype = torch.float32 if feature == "logits" else self.parts.lm_head.weight.dtype
-            counts = [len(s) - p for s, p in zip(sequences, prompt_lengths)]
             self.cache = FeatureCache(cache_dir, spec or {}, counts, len(layers), d, dtype)
+        self.recomputes = self.cache is None
+        self.progress_note = self._note() if self.recomputes else None
+
+    def _note(self) -> str:
+        text = "features are recomputed by the model for every batch of every epoch, validation included"
+        try:
+            free = shutil.disk_usage(os.getcwd()).free
+        except OSError:
+            free = 0
+        if self.cache_bytes <= min(CACHE_HINT_MAX_BYTES, free // 2):
+            text += (
+                f"; a feature cache computes them once and reads them back afterwards: --cache-dir DIR "
+                f"(cache_dir= in Python), about {_bytes(self.cache_bytes)} on disk here"
+            )
+        return text
 
     def _compute(self, keys: Sequence[int]):
         return extract_features(
@@ -145,6 +190,40 @@ def _data_digest(seqs: RolloutSequences) -> str:
     return h.hexdigest()
 
 
+@dataclass
+class _Split:
+    seqs: RolloutSequences
+    keep: list[int]  # candidates with a response, the ones trained on
+    pid: list[str]  # problem id of each kept candidate
+    train_ids: list[str]
+    val_ids: list[str]
+    train: list[Example]
+    val: list[Example]
+
+
+def _split(rollouts, val_fraction: float, seed: int) -> _Split:
+    seqs = rollout_sequences(rollouts, need_labels=True)
+    keep = [i for i in range(len(seqs.sequences)) if seqs.response_length(i) > 0]
+    if not keep:
+        raise ValueError("every candidate has an empty response: nothing to train on")
+    pid = [seqs.problems[seqs.refs[i][0]].id for i in keep]
+    train_ids, val_ids = split_by_problem(pid, val_fraction, seed)
+    val_set = set(val_ids)
+    examples: dict[bool, list[Example]] = {True: [], False: []}
+    for i, p in zip(keep, pid):
+        examples[p in val_set].append(Example(key=i, problem=p, label=bool(seqs.labels[i])))
+    return _Split(seqs, keep, pid, train_ids, val_ids, examples[False], examples[True])
+
+
+def check_rollouts(rollouts, loss: str = "bce", val_fraction: float = 0.2, seed: int = 0) -> dict:
+    """The label balance of the split ``train_from_rollouts`` would make of ``rollouts`` (a path or
+    ``Problem`` list) with these arguments, ``{"train": counts, "val": counts}``; raises
+    ``swift_fast.training.LabelBalanceError`` when that split cannot teach ``loss``. No model needed,
+    so a command can refuse before loading one."""
+    sp = _split(rollouts, val_fraction, seed)
+    return check_label_balance(sp.train, sp.val, loss)
+
+
 def train_from_rollouts(
     model: nn.Module,
     rollouts,
@@ -170,23 +249,21 @@ def train_from_rollouts(
 
     Candidates with an empty response carry no scored token and are left out (counted in the
     head's provenance as ``skipped_empty``). Returns ``(head, result)``; the head is bound to
-    the model and its ``provenance`` records data, loss, optimiser, best epoch and validation
-    metrics.
+    the model and its ``provenance`` records data, label balance per split, loss, optimiser,
+    best epoch and validation metrics.
+
+    Raises ``swift_fast.training.LabelBalanceError`` before computing any feature when a split
+    cannot teach the loss (a single class for bce/hinge; no problem with both a correct and an
+    incorrect candidate for dpo/infonca/nca), with the counts and what to change.
     """
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; expected one of {', '.join(LOSSES)}")
     parts = decoder_parts(model)
-    seqs = rollout_sequences(rollouts, need_labels=True)
-    keep = [i for i in range(len(seqs.sequences)) if seqs.response_length(i) > 0]
+    sp = _split(rollouts, val_fraction, seed)
+    seqs, keep, pid, train_ids, val_ids = sp.seqs, sp.keep, sp.pid, sp.train_ids, sp.val_ids
     skipped = len(seqs.sequences) - len(keep)
-    if not keep:
-        raise ValueError("every candidate has an empty response: nothing to train on")
-    pid = [seqs.problems[seqs.refs[i][0]].id for i in keep]
-    train_ids, val_ids = split_by_problem(pid, val_fraction, seed)
-    val_set = set(val_ids)
-    examples = {True: [], False: []}
-    for i, p in zip(keep, pid):
-        examples[p in val_set].append(Example(key=i, problem=p, label=bool(seqs.labels[i])))
+    # before the head, the source and a cache file exist: a refusal costs nothing
+    check_label_balance(sp.train, sp.val, loss)
     if feature == "logits":
         sel, width = None, parts.vocab_size
     else:
@@ -212,8 +289,8 @@ def train_from_rollouts(
     result = train_head(
         head,
         source,
-        examples[False],
-        examples[True],
+        sp.train,
+        sp.val,
         loss=loss,
         lr=lr,
         weight_decay=weight_decay,
@@ -239,6 +316,7 @@ def train_from_rollouts(
             "positive_rate": sum(labels) / len(labels),
             "train_problems": len(train_ids),
             "val_problems": len(val_ids),
+            "labels": result.labels,
             "split": {"by": "problem", "val_fraction": val_fraction, "seed": seed},
         },
         "loss": loss,
