@@ -115,8 +115,9 @@ def test_tokenizer_round_trip_and_chat_template():
     assert "user<|end_header_id|>\n\n12+34<|eot_id|>" in s
     q0 = prompt_ids(tok, "12+34", with_question=False)
     assert "12+34" not in tok.decode(q0)
-    # SAR's question-removed prompt as the library builds it for a model without system prompt
-    from swift_fast.hf.sar import question_removed_prompt
+    # SAR's question-removed prompt as the library builds it from the problem's chat
+    from swift_fast.demo.tokenizer import messages
+    from swift_fast.sar_context import chat_context_ids
 
-    assert question_removed_prompt(tok, None) == q0
+    assert chat_context_ids(tok, messages("12+34")) == q0
     assert tok.eos_token == "<|eot_id|>"

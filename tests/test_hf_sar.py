@@ -16,9 +16,16 @@ from swift_fast.hf import (
     verl_sar_reward,
     verl_token_level,
 )
-from swift_fast.sar import DEFAULT_SYSTEM_PROMPT
 
 transformers = pytest.importorskip("transformers")
+
+# A template in Qwen2.5's style: a default system turn when the conversation has none, whose text
+# a template argument can change.
+DEFAULT_SYSTEM_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\n{{ persona | default('You are helpful.') }}"
+    "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def _load(path, dtype=torch.float64):
@@ -31,13 +38,13 @@ def _ids(x):
     return list(x["input_ids"] if isinstance(x, dict) or hasattr(x, "keys") else x)
 
 
-def _direct_sar(model, tok, prompt_ids, response_ids, system=DEFAULT_SYSTEM_PROMPT):
-    """Two plain forwards with full logits, float64: ppl(a|q), ppl(a|q0), clip((ppl0 - pplq) / ppl0)."""
-    q0 = _ids(
-        tok.apply_chat_template(
-            [{"role": "system", "content": system}, {"role": "user", "content": ""}], add_generation_prompt=True
-        )
-    )
+def _text_ids(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _direct_sar(model, prompt_ids, q0_ids, response_ids):
+    """Two plain forwards with full logits, float64: ppl(a|q), ppl(a|q0), clip((ppl0 - pplq) / ppl0).
+    ``q0_ids`` is written by each test from the prompt with only the question removed."""
 
     def ppl(prefix):
         if not response_ids:
@@ -49,14 +56,16 @@ def _direct_sar(model, tok, prompt_ids, response_ids, system=DEFAULT_SYSTEM_PROM
         total = sum(float(logp[len(prefix) - 1 + j, t]) for j, t in enumerate(response_ids))
         return math.exp(-total / len(response_ids))
 
-    pq, p0 = ppl(prompt_ids), ppl(q0)
+    pq, p0 = ppl(prompt_ids), ppl(q0_ids)
     return max(-1.0, min(1.0, (p0 - pq) / p0))
+
+
+QUESTIONS = ["What is 2 + 3?", "Natalia sold 48 clips in April.", "Is the coin still heads up?", "x = 5"]
 
 
 def _cases(tok, n=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    questions = ["What is 2 + 3?", "Natalia sold 48 clips in April.", "Is the coin still heads up?", "x = 5"]
-    prompts = [[{"role": "user", "content": q}] for q in questions[:n]]
+    prompts = [[{"role": "user", "content": q}] for q in QUESTIONS[:n]]
     responses = []
     for i in range(n):
         r = torch.randint(3, tok.vocab_size, (3 + 4 * i,), generator=g).tolist()
@@ -69,25 +78,63 @@ def test_sar_rewards_equal_direct_two_forward_computation(tmp_path_factory, fami
     model, tok = _load(tiny_model_dir(tmp_path_factory, family))
     prompts, responses = _cases(tok)
     prompt_ids = [_ids(tok.apply_chat_template(p, add_generation_prompt=True)) for p in prompts]
-    want = torch.tensor([_direct_sar(model, tok, p, r) for p, r in zip(prompt_ids, responses)], dtype=torch.float64)
+    # the prompts have no system turn, and neither has q0
+    q0 = _ids(tok.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True))
+    want = torch.tensor([_direct_sar(model, p, q0, r) for p, r in zip(prompt_ids, responses)], dtype=torch.float64)
     got = sar_rewards(model, tok, prompts, responses, batch_size=3)  # chat messages rendered with the template
     assert got.dtype == torch.float32 and got.shape == (4,)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
-    # token-id prompts give the same; so do rendered-text prompts (tokenised once, no special tokens added)
-    torch.testing.assert_close(sar_rewards(model, tok, prompt_ids, responses), got)
+    # token-id and rendered-text prompts hide the question: with the context given they agree
+    torch.testing.assert_close(sar_rewards(model, tok, prompt_ids, responses, contexts=[q0] * 4), got)
     texts = [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
-    torch.testing.assert_close(sar_rewards(model, tok, texts, responses), got)
+    q0_text = tok.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True, tokenize=False)
+    torch.testing.assert_close(sar_rewards(model, tok, texts, responses, contexts=[q0_text] * 4), got)
+    # without a context a raw prompt's answer follows the BOS token alone
+    bos_only = torch.tensor([_direct_sar(model, p, [tok.bos_token_id], r) for p, r in zip(prompt_ids, responses)])
+    torch.testing.assert_close(sar_rewards(model, tok, prompt_ids, responses).double(), bos_only.double(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_system_turn_and_template_arguments_are_kept_in_q0(tmp_path_factory):
+    """The generation's own system prompt stays in q0; a template's default system turn stays too,
+    with the text its template argument gave it."""
+    model, tok = _load(tiny_model_dir(tmp_path_factory, "qwen2"))
+    tok.chat_template = DEFAULT_SYSTEM_TEMPLATE
+    _, responses = _cases(tok, n=2, seed=3)
+    with_system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTIONS[0]}]
+    without = [{"role": "user", "content": QUESTIONS[1]}]
+    got = sar_rewards(model, tok, [with_system, without], responses, chat_template_kwargs={"persona": "Be exact."})
+    p_ids = [
+        _text_ids(tok, f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{QUESTIONS[0]}<|im_end|>\n"
+                       "<|im_start|>assistant\n"),
+        _text_ids(tok, f"<|im_start|>system\nBe exact.<|im_end|>\n<|im_start|>user\n{QUESTIONS[1]}<|im_end|>\n"
+                       "<|im_start|>assistant\n"),
+    ]
+    q0 = [
+        _text_ids(tok, f"<|im_start|>system\n{s}<|im_end|>\n<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n")
+        for s in ("Be brief.", "Be exact.")
+    ]
+    want = [_direct_sar(model, p, q, r) for p, q, r in zip(p_ids, q0, responses)]
+    assert got.tolist() == pytest.approx(want, abs=1e-6)
+    # the default system turn is the template's own when no argument is given
+    got_plain = sar_rewards(model, tok, [without], responses[1:])
+    p_plain = _text_ids(tok, f"<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n{QUESTIONS[1]}"
+                             "<|im_end|>\n<|im_start|>assistant\n")
+    q_plain = _text_ids(tok, "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n<|im_end|>\n"
+                             "<|im_start|>assistant\n")
+    assert got_plain.item() == pytest.approx(_direct_sar(model, p_plain, q_plain, responses[1]), abs=1e-6)
 
 
 def test_sar_edge_cases(tmp_path_factory):
     model, tok = _load(tiny_model_dir(tmp_path_factory, "qwen2"))
     prompts, responses = _cases(tok, n=2, seed=1)
     responses = [[], responses[1]]
-    got, (lq, l0, cu) = sar_rewards(model, tok, prompts, responses, system_prompt="Be brief.", return_logprobs=True)
+    got, (lq, l0, cu) = sar_rewards(model, tok, prompts, responses, return_logprobs=True)
     assert got[0] == 0.0  # empty answer: no evidence either way
     assert cu.tolist() == [0, 0, len(responses[1])] and lq.shape == l0.shape == (len(responses[1]),)
     p_ids = _ids(tok.apply_chat_template(prompts[1], add_generation_prompt=True))
-    assert got[1].item() == pytest.approx(_direct_sar(model, tok, p_ids, responses[1], system="Be brief."), abs=1e-6)
+    q0 = _ids(tok.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True))
+    assert got[1].item() == pytest.approx(_direct_sar(model, p_ids, q0, responses[1]), abs=1e-6)
     # the question-kept log-probs are those of a plain forward
     lp, cu2 = response_logprobs(model, [p_ids + responses[1]], [len(p_ids)])
     torch.testing.assert_close(lp, lq)
@@ -106,6 +153,14 @@ def test_sar_edge_cases(tmp_path_factory):
     )
     with pytest.raises(ValueError, match="2 prompts but 1 responses"):
         sar_rewards(model, tok, prompts, responses[:1])
+    # a raw prompt, no context, a tokenizer without BOS (Qwen): no q0, so SAR is missing, not a number
+    assert tok.bos_token_id is None
+    missing = sar_rewards(model, tok, [p_ids, p_ids], [responses[1], []])
+    assert math.isnan(missing[0]) and missing[1] == 0.0
+    with pytest.raises(ValueError, match="no user message"):
+        sar_rewards(model, tok, [[{"role": "system", "content": "x"}]], [responses[1]])
+    with pytest.raises(ValueError, match="token ids or as text"):
+        sar_rewards(model, tok, [p_ids], [responses[1]], contexts=[3.5])
 
 
 @pytest.mark.filterwarnings("ignore:TRL currently supports vLLM")
@@ -121,8 +176,9 @@ def test_trl_grpo_step_with_the_sar_reward(tmp_path_factory, tmp_path):
     def sar(prompts, completions, completion_ids=None, **kwargs):
         # reference at call time, on a float64 copy of the policy as it is now
         snapshot = copy.deepcopy(model).double()
+        q0 = _ids(tok.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True))
         ref = [
-            _direct_sar(snapshot, tok, _ids(tok.apply_chat_template(p, add_generation_prompt=True)), list(c))
+            _direct_sar(snapshot, _ids(tok.apply_chat_template(p, add_generation_prompt=True)), q0, list(c))
             for p, c in zip(prompts, completion_ids)
         ]
         out = reward(prompts, completions, completion_ids=completion_ids, **kwargs)
@@ -168,6 +224,8 @@ def test_verl_hook_matches_sar_rewards(tmp_path_factory):
     a plain forward (what compute_log_prob returns at temperature 1)."""
     model, tok = _load(tiny_model_dir(tmp_path_factory, "qwen2"))
     prompts, responses = _cases(tok, n=3, seed=2)
+    # the conversations differ in their system turns, so the rows' q0 differ in length (left-padded)
+    prompts[0] = [{"role": "system", "content": "Be brief."}] + prompts[0]
     p_ids = [_ids(tok.apply_chat_template(p, add_generation_prompt=True)) for p in prompts]
     pad = tok.pad_token_id
     P, R = max(map(len, p_ids)), max(map(len, responses))
@@ -189,12 +247,17 @@ def test_verl_hook_matches_sar_rewards(tmp_path_factory):
 
     pos = torch.clamp(attn.cumsum(-1) - 1, min=0)
     lq = verl_log_probs(torch.cat([prompts_t, responses_t], 1), attn, pos, R)
-    q0 = verl_question_removed_batch(responses_t, response_mask, tok)
+    q0 = verl_question_removed_batch(responses_t, response_mask, tok, messages=prompts)
     l0 = verl_log_probs(q0["input_ids"], q0["attention_mask"], q0["position_ids"], R)
     lq = lq.masked_fill(response_mask == 0, float("nan"))  # padding may hold anything
     got = verl_sar_reward(lq, l0, response_mask)
-    want = sar_rewards(model, tok, p_ids, responses)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    q0_rows = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": ""}]] + [
+        [{"role": "user", "content": ""}]] * (B - 1)
+    want = torch.tensor([
+        _direct_sar(model, p, _ids(tok.apply_chat_template(q, add_generation_prompt=True)), r)
+        for p, q, r in zip(p_ids, q0_rows, responses)
+    ])
+    torch.testing.assert_close(got.double(), want.double(), rtol=1e-5, atol=1e-6)
     dense = verl_token_level(got, response_mask)
     for b in range(B):
         assert dense[b, len(responses[b]) - 1] == got[b] and dense[b].count_nonzero() <= 1

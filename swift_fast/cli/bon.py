@@ -39,7 +39,6 @@ def add_parser(sub, name, help_):
     p.add_argument("--data", required=True, help="dataset file or name (GSM8K, MATH-500, AQuA or generic JSONL)")
     p.add_argument("--out", help="rollout JSONL (default: bon-<data>-n<N>.jsonl in the current folder)")
     p.add_argument("--sar", action="store_true", help="also compute SAR and report SAR and its combinations with SWIFT")
-    p.add_argument("--sar-system-prompt", help="system prompt of SAR's question-removed prompt (default: SAR's)")
     add_generation_args(p, n=16)
     p.add_argument("--dtype", default="auto", help="model dtype (default auto)")
     p.add_argument("--ks", help="comma-separated k values (default: 1, 2, 4, ... N)")
@@ -73,7 +72,7 @@ def _engine_class():
 
         name = "vllm+swift"
 
-        def generate(self, prompts, seeds, cfg):
+        def generate(self, prompts, seeds, cfg, contexts=None):
             seen = []
             orig = self.llm.generate
 
@@ -84,7 +83,7 @@ def _engine_class():
 
             self.llm.generate = generate_and_keep
             try:
-                result = super().generate(prompts, seeds, cfg)
+                result = super().generate(prompts, seeds, cfg, contexts=contexts)
             finally:
                 del self.llm.generate
             for cands, res in zip(result, seen):
@@ -93,6 +92,7 @@ def _engine_class():
                     c["swift_tokens"] = out.swift_tokens
                     if hasattr(out, "sar"):
                         c["sar"] = out.sar
+                        c["sar_context"] = out.sar_context
             return result
 
     return ScoredVLLMEngine
@@ -119,8 +119,6 @@ def run(args) -> int:
         examples = load_dataset(args.data, kind=args.kind, limit=args.limit)
         extra = vllm_kwargs(args.vllm)
         section = {"head": args.head, "sar": bool(args.sar)}
-        if args.sar_system_prompt is not None:
-            section["sar_system_prompt"] = args.sar_system_prompt
         extra.setdefault("additional_config", {})["swift_fast"] = section
         cfg = collect_config(args)
         engine = _engine_class()(args.model, dtype=args.dtype, seed=args.seed, **extra)

@@ -11,7 +11,8 @@ Score every candidate of a rollout file with a SWIFT head, using a Hugging Face 
 layer's state is projected onto the head as the layer runs, so no hidden state is stored and
 peak memory is that of a plain forward. Candidates are read as token ids (`prompt_token_ids`
 plus each candidate's `token_ids`), never re-tokenised. With --sar, also the self-aligned reward
-(two passes: question kept, question removed with the system prompt kept).
+(two passes: question kept, and the prompt with only the question removed, as `swift-fast collect`
+recorded it in `sar_context_token_ids`).
 
 The output is the input with score columns added; it is written problem by problem, and a rerun
 skips problems already in the output (resumable).
@@ -35,7 +36,6 @@ def add_parser(sub, name, help_):
     p.add_argument("--column", default="swift_score", help="candidate field for the score (default: swift_score)")
     p.add_argument("--sar", action="store_true", help="also compute the self-aligned reward into --sar-column")
     p.add_argument("--sar-column", default="sar", help="candidate field for SAR (default: sar)")
-    p.add_argument("--system-prompt", help="system prompt of SAR's question-removed pass (default: SAR's)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
     p.add_argument("--chunk", type=int, default=32, help="problems scored between writes (default 32)")
     p.add_argument("--dtype", default="auto",
@@ -46,12 +46,26 @@ def add_parser(sub, name, help_):
     return p
 
 
+def sar_contexts(problems) -> list[list[int]]:
+    """Each problem's question-removed prompt ids, as ``swift-fast collect`` recorded them."""
+    out = []
+    for p in problems:
+        q0 = p.extra.get("sar_context_token_ids")
+        if not isinstance(q0, list) or not q0 or not all(isinstance(t, int) for t in q0):
+            raise ValueError(
+                f"{p.where or p.id}: --sar needs the problem's question-removed prompt ('sar_context_token_ids', "
+                "token ids: its prompt with the question removed, rendered the same way), which `swift-fast "
+                "collect` records; collect these rollouts again, or add the field"
+            )
+        out.append(q0)
+    return out
+
+
 def run(args) -> int:
     from ..datasets import DataError
     from ..head import HeadError, SwiftHead
     from ..hf.features import UnsupportedModelError
     from ..rollouts import RolloutWriter
-    from ..sar import DEFAULT_SYSTEM_PROMPT
 
     if os.path.abspath(args.out) == os.path.abspath(args.rollouts):
         print(
@@ -69,6 +83,7 @@ def run(args) -> int:
         check_head(model, head)
         head.to(model.device)
         seqs_all = rollout_sequences(args.rollouts)  # every line checked before any work
+        contexts = sar_contexts(seqs_all.problems) if args.sar else None
         writer = RolloutWriter(args.out, resume=not args.no_resume)
     except (DataError, HeadError, UnsupportedModelError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -84,7 +99,6 @@ def run(args) -> int:
     by_problem: dict[int, list[int]] = {}
     for k, (pi, _) in enumerate(seqs_all.refs):
         by_problem.setdefault(pi, []).append(k)
-    system = args.system_prompt if args.system_prompt is not None else DEFAULT_SYSTEM_PROMPT
     try:
         step = max(1, args.chunk)
         for a in range(0, len(todo), step):
@@ -97,7 +111,7 @@ def run(args) -> int:
             if args.sar and keys:
                 sar = sar_rewards(
                     model, tokenizer, [s[:p] for s, p in zip(seqs, plens)], [s[p:] for s, p in zip(seqs, plens)],
-                    system_prompt=system, batch_size=args.batch_size,
+                    contexts=[contexts[seqs_all.refs[k][0]] for k in keys], batch_size=args.batch_size,
                 )
             for j, k in enumerate(keys):
                 pi, ci = seqs_all.refs[k]

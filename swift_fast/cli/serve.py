@@ -34,7 +34,12 @@ def add_parser(sub, name, help_):
     )
     p.add_argument("--head", required=True, help="SWIFT head file (safetensors) trained for this model")
     p.add_argument("--sar", action="store_true", help="also compute the self-aligned reward of every choice")
-    p.add_argument("--sar-system-prompt", help="system prompt kept in SAR's question-removed prompt (default: SAR's)")
+    p.add_argument("--sar-context", metavar="TEXT",
+                   help="SAR's question-removed context for raw completion prompts that bring none of their own "
+                        "(default: the tokenizer's BOS token; chat requests always use their own messages with "
+                        "the question removed)")
+    p.add_argument("--max-best-of-n", type=int, default=None, metavar="N",
+                   help="largest best_of_n a request may ask for (default 64)")
     p.add_argument("--select", choices=("swift", "sar", "rank", "scaled"), default="swift",
                    help="what best_of_n ranks by (default swift; sar/rank/scaled need --sar)")
     p.add_argument("model", help="Hugging Face model name or path (as for `vllm serve`)")
@@ -47,8 +52,10 @@ def vllm_argv(args) -> list[str]:
     from ..vllm_plugin.config import KEY, PluginConfig
 
     section = {"head": args.head, "sar": bool(args.sar), "select": args.select}
-    if args.sar_system_prompt is not None:
-        section["sar_system_prompt"] = args.sar_system_prompt
+    if args.sar_context is not None:
+        section["sar_context"] = args.sar_context
+    if args.max_best_of_n is not None:
+        section["max_best_of_n"] = args.max_best_of_n
     PluginConfig.parse(section)  # bad combinations fail here, before vLLM starts
     rest = list(args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args)
     extra: dict = {}

@@ -32,8 +32,11 @@ class Sampling:
 class Backend(Protocol):
     name: str
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling, progress: bool = True) -> list[list[dict]]:
-        """``prompts``: token ids. Returns per prompt ``sampling.n`` candidate dicts."""
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, progress: bool = True, contexts=None
+    ) -> list[list[dict]]:
+        """``prompts``: token ids; ``contexts``: each prompt's question-removed prompt ids (SAR).
+        Returns per prompt ``sampling.n`` candidate dicts."""
 
     def close(self) -> None: ...
 
@@ -82,7 +85,7 @@ class HFBackend:
 
     name = "transformers"
 
-    def __init__(self, model_dir: str, head_path: str, sar_system_prompt: str | None, batch_prompts: int = 16):
+    def __init__(self, model_dir: str, head_path: str, batch_prompts: int = 16):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from ..head import SwiftHead
@@ -90,13 +93,14 @@ class HFBackend:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.head = SwiftHead.load(head_path)
-        self.sar_system_prompt = sar_system_prompt
         self.batch_prompts = batch_prompts
 
     def close(self) -> None:
         pass
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling, progress: bool = True) -> list[list[dict]]:
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, progress: bool = True, contexts=None
+    ) -> list[list[dict]]:
         from tqdm.auto import tqdm
 
         from ..hf.sar import sar_rewards
@@ -107,15 +111,15 @@ class HFBackend:
         bar = tqdm(total=len(prompts), desc="generate (transformers)", unit="problem", disable=not progress)
         for s in range(0, len(prompts), self.batch_prompts):
             chunk = prompts[s : s + self.batch_prompts]
+            q0 = contexts[s : s + self.batch_prompts] if contexts is not None else [None] * len(chunk)
             responses = hf_sample(self.model, self.tokenizer, chunk, sampling)
             flat_p = [p for p, rs in zip(chunk, responses) for _ in rs]
+            flat_q0 = [q for q, rs in zip(q0, responses) for _ in rs]
             flat_r = [r for rs in responses for r in rs]
             swift = swift_scores(
                 self.model, self.head, [p + r for p, r in zip(flat_p, flat_r)], [len(p) for p in flat_p], batch_size=64
             )
-            sar = sar_rewards(
-                self.model, self.tokenizer, flat_p, flat_r, system_prompt=self.sar_system_prompt, batch_size=64
-            )
+            sar = sar_rewards(self.model, self.tokenizer, flat_p, flat_r, contexts=flat_q0, batch_size=64)
             eos = self.tokenizer.eos_token_id
             it = iter(zip(flat_r, swift.tolist(), sar.tolist()))
             for rs in responses:
@@ -149,7 +153,7 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, model_dir: str, head_path: str, sar_system_prompt: str | None, seed: int = 0, **engine_kwargs):
+    def __init__(self, model_dir: str, head_path: str, seed: int = 0, **engine_kwargs):
         from transformers import AutoTokenizer
         from vllm import LLM
 
@@ -166,7 +170,7 @@ class VLLMBackend:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.llm = LLM(
             model=model_dir,
-            additional_config={"swift_fast": {"head": head_path, "sar": True, "sar_system_prompt": sar_system_prompt}},
+            additional_config={"swift_fast": {"head": head_path, "sar": True}},
             **kwargs,
         )
 
@@ -179,13 +183,20 @@ class VLLMBackend:
                 shutdown()
             self.llm = None
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling, progress: bool = True) -> list[list[dict]]:
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, progress: bool = True, contexts=None
+    ) -> list[list[dict]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(
-            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens
-        )
+        params = [
+            SamplingParams(
+                n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+                max_tokens=sampling.max_new_tokens,
+                extra_args=None if contexts is None else {"swift_fast": {"sar_context": list(contexts[i])}},
+            )
+            for i in range(len(prompts))
+        ]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=progress)
         eos = self.tokenizer.eos_token_id
         result = []
@@ -202,7 +213,7 @@ class VLLMBackend:
         return result
 
 
-def make_backend(kind: str, model_dir: str, head_path: str, sar_system_prompt: str | None, seed: int = 0) -> Backend:
+def make_backend(kind: str, model_dir: str, head_path: str, seed: int = 0) -> Backend:
     """``kind``: ``"vllm"``, ``"transformers"`` or ``"auto"`` (vLLM when it imports)."""
     if kind == "auto":
         try:
@@ -212,7 +223,7 @@ def make_backend(kind: str, model_dir: str, head_path: str, sar_system_prompt: s
         except Exception:
             kind = "transformers"
     if kind == "vllm":
-        return VLLMBackend(model_dir, head_path, sar_system_prompt, seed=seed)
+        return VLLMBackend(model_dir, head_path, seed=seed)
     if kind in ("transformers", "hf"):
-        return HFBackend(model_dir, head_path, sar_system_prompt)
+        return HFBackend(model_dir, head_path)
     raise ValueError(f"backend {kind!r}: expected 'vllm', 'transformers' or 'auto'")

@@ -31,8 +31,10 @@ def problems_from_split(rows: list[dict], tokenizer) -> list[Problem]:
     out = []
     for r in rows:
         ids = prompt_ids(tokenizer, r["question"])
+        q0 = prompt_ids(tokenizer, r["question"], with_question=False)  # SAR's context: the same chat, user turn empty
         out.append(Problem(id=r["id"], candidates=[], question=r["question"], reference=r["reference"],
-                           kind="integer", prompt=tokenizer.decode(ids), prompt_token_ids=ids))
+                           kind="integer", prompt=tokenizer.decode(ids), prompt_token_ids=ids,
+                           extra={"sar_context_token_ids": q0}))
     return out
 
 
@@ -108,9 +110,10 @@ def run_demo(
     ks = tuple(k for k in KS if k <= n)
     sampling = Sampling(n=n, seed=seed, max_new_tokens=prov["recipe"]["max_new_tokens"])
     log(f"swift-fast demo: {len(problems)} held-out problems x {n} candidates, backend {backend}")
-    be = make_backend(backend, model_dir, head_path, prov["recipe"]["sar_system_prompt"], seed=seed)
+    be = make_backend(backend, model_dir, head_path, seed=seed)
     try:
-        cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress)
+        cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress,
+                            contexts=[p.extra["sar_context_token_ids"] for p in problems])
     finally:
         be.close()
     for p, cs in zip(problems, cands):

@@ -36,7 +36,7 @@ _EXPORTS = {
     "SUPPORTED_MODEL_TYPES": "features",
     "response_logprobs": "logprobs",
     "sar_rewards": "sar",
-    "question_removed_prompt": "sar",
+    "question_removed_contexts": "sar",
     "trl_sar_reward": "adapters",
     "verl_question_removed_batch": "adapters",
     "verl_sar_reward": "adapters",

@@ -15,7 +15,10 @@ TRL (``GRPOTrainer``)
 
     Prompts are tokenised as ``GRPOTrainer`` tokenises them (chat messages: chat template with
     the generation prompt and ``chat_template_kwargs``; text: the tokenizer's default call), and
-    responses are ``completion_ids``: nothing is re-tokenised from decoded text.
+    responses are ``completion_ids``: nothing is re-tokenised from decoded text. SAR's
+    question-removed prompt of a conversational prompt is the same messages with the last user
+    message emptied; a text prompt has no question boundary and gets the BOS default
+    (``swift_fast.sar_context``).
 
 VERL (``RayPPOTrainer``)
     VERL computes ``old_log_probs`` = log P(a | q) for every response token in
@@ -25,7 +28,9 @@ VERL (``RayPPOTrainer``)
         from swift_fast.hf.adapters import verl_question_removed_batch, verl_sar_reward, verl_token_level
 
         # after: old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
-        q0 = verl_question_removed_batch(batch.batch["responses"], batch.batch["response_mask"], tokenizer)
+        # (data.return_raw_chat=True keeps each row's chat messages in non_tensor_batch["raw_prompt"])
+        q0 = verl_question_removed_batch(batch.batch["responses"], batch.batch["response_mask"], tokenizer,
+                                         messages=batch.non_tensor_batch["raw_prompt"])
         q0_out = self.actor_rollout_wg.compute_log_prob(DataProto.from_dict(tensors=q0, meta_info=batch.meta_info))
         r_sa = verl_sar_reward(old_log_prob.batch["old_log_probs"], q0_out.batch["old_log_probs"],
                                batch.batch["response_mask"])
@@ -41,13 +46,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..sar import DEFAULT_SYSTEM_PROMPT, sar_from_means
-from .sar import chat_token_ids, question_removed_prompt, response_token_ids, sar_rewards
+from ..sar import sar_from_means
+from .sar import question_removed_contexts, response_token_ids, sar_rewards
 
 
-def _trl_prompt_ids(tokenizer, prompt, chat_template_kwargs) -> list[int]:
+def _trl_prompt(tokenizer, prompt):
+    """Messages stay messages (``sar_rewards`` renders them and their ``q0``); text is tokenised
+    with the tokenizer's default call, as ``GRPOTrainer`` does."""
     if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
-        return chat_token_ids(tokenizer, prompt, **(chat_template_kwargs or {}))
+        return list(prompt)
     if isinstance(prompt, str):
         return [int(t) for t in tokenizer(text=prompt)["input_ids"]]
     return [int(t) for t in prompt]
@@ -64,7 +71,6 @@ def _completion_text(c) -> str:
 def trl_sar_reward(
     model: nn.Module,
     tokenizer,
-    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
     batch_size: int = 8,
     chat_template_kwargs: dict | None = None,
     name: str = "sar",
@@ -76,7 +82,7 @@ def trl_sar_reward(
     """
 
     def reward(prompts, completions, completion_ids=None, **kwargs):
-        p_ids = [_trl_prompt_ids(tokenizer, p, chat_template_kwargs) for p in prompts]
+        ps = [_trl_prompt(tokenizer, p) for p in prompts]
         if completion_ids is None:
             r_ids = response_token_ids(tokenizer, [_completion_text(c) for c in completions])
         else:
@@ -84,7 +90,8 @@ def trl_sar_reward(
         was_training = model.training
         model.eval()
         try:
-            r = sar_rewards(model, tokenizer, p_ids, r_ids, system_prompt=system_prompt, batch_size=batch_size)
+            r = sar_rewards(model, tokenizer, ps, r_ids, batch_size=batch_size,
+                            chat_template_kwargs=chat_template_kwargs)
         finally:
             model.train(was_training)
         return [float(x) for x in r]
@@ -99,24 +106,44 @@ def verl_question_removed_batch(
     responses: torch.Tensor,
     response_mask: torch.Tensor,
     tokenizer,
-    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+    messages=None,
+    contexts=None,
+    chat_template_kwargs: dict | None = None,
 ) -> dict[str, torch.Tensor]:
     """VERL's batch layout for the question-removed pass, on the same responses.
 
     Args:
         responses: ``[B, R]`` response token ids, right-padded (VERL's ``responses``).
         response_mask: ``[B, R]`` 1 on response tokens.
+        messages: ``B`` chat conversations the prompts were rendered from (VERL's ``raw_prompt``
+            with ``data.return_raw_chat=True``): ``q0`` is each with its last user message emptied.
+        contexts: instead, ``B`` question-removed contexts (token ids). With neither, every row
+            gets the BOS default (``swift_fast.sar_context``).
     Returns:
-        ``prompts [B, P0]`` (``q0`` for every row), ``responses``, ``input_ids [B, P0+R]``,
-        ``attention_mask``, ``position_ids`` (contiguous from 0, VERL's cumsum rule) and
-        ``response_mask``: what ``compute_log_prob`` reads.
+        ``prompts [B, P0]`` (each row's ``q0``, left-padded as VERL pads prompts), ``responses``,
+        ``input_ids [B, P0+R]``, ``attention_mask``, ``position_ids`` (contiguous from 0 on the
+        real tokens, VERL's cumsum rule) and ``response_mask``: what ``compute_log_prob`` reads.
     """
-    q0 = torch.tensor(question_removed_prompt(tokenizer, system_prompt), dtype=responses.dtype, device=responses.device)
     b = responses.shape[0]
-    prompts = q0[None, :].expand(b, -1).contiguous()
+    prompts_in = list(messages) if messages is not None else [[0]] * b  # placeholders: not messages
+    if len(prompts_in) != b:
+        raise ValueError(f"{b} responses but {len(prompts_in)} conversations")
+    q0s, _ = question_removed_contexts(tokenizer, prompts_in, contexts, chat_template_kwargs)
+    if any(not q for q in q0s):
+        raise ValueError(
+            "a row has no question-removed context (no chat messages, no context, and the tokenizer has no BOS "
+            "token): pass messages= or contexts="
+        )
+    width = max(len(q) for q in q0s)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    prompts = torch.full((b, width), pad, dtype=responses.dtype, device=responses.device)
+    pmask = torch.zeros((b, width), dtype=torch.long, device=responses.device)
+    for i, q in enumerate(q0s):
+        prompts[i, width - len(q) :] = torch.tensor(q, dtype=responses.dtype)
+        pmask[i, width - len(q) :] = 1
     input_ids = torch.cat([prompts, responses], 1)
     rmask = response_mask.to(torch.long)
-    attention_mask = torch.cat([torch.ones_like(prompts, dtype=torch.long), rmask], 1)
+    attention_mask = torch.cat([pmask, rmask], 1)
     position_ids = torch.clamp(attention_mask.cumsum(-1) - 1, min=0)
     return {
         "prompts": prompts,

@@ -12,6 +12,11 @@ resumed run draws what an uninterrupted one would have drawn for the remaining p
 the same engine and batch layout; vLLM's per-request seeds make its draws independent of
 batching).
 
+Each problem also records ``sar_context_token_ids``: SAR's question-removed prompt, the same
+messages with the question emptied and rendered the same way (``swift_fast.sar_context``). The
+vLLM engine hands it to the plugin with every request, and ``swift-fast score --sar`` reads it
+back, so in-engine and offline SAR condition on the same context by construction.
+
 Resumable: problems are appended to the output as they finish (one flushed line each); a rerun
 skips the ids already there.
 """
@@ -56,14 +61,15 @@ def vllm_available() -> bool:
     return True
 
 
-def render(tokenizer, example, template=None, system=None) -> tuple[str, list[int]]:
-    """``(prompt text, prompt token ids)`` of an example: template, then the chat template."""
+def render(tokenizer, example, template=None, system=None) -> tuple[str, list[int], list[int]]:
+    """``(prompt text, prompt token ids, question-removed prompt token ids)`` of an example:
+    template, then the chat template."""
+    from ..sar_context import chat_context_ids, chat_ids
     from ..templates import render_prompt
-    from .sar import chat_token_ids
 
     msgs = render_prompt(example, template=template, system=system)
     text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    return text, chat_token_ids(tokenizer, msgs)
+    return text, chat_ids(tokenizer, msgs), chat_context_ids(tokenizer, msgs)
 
 
 class HFEngine:
@@ -85,7 +91,9 @@ class HFEngine:
         ids = _eos_ids(getattr(gc, "eos_token_id", None))
         return ids or _eos_ids(self.tokenizer.eos_token_id)
 
-    def generate(self, prompts: list[list[int]], seeds: list[int], cfg: CollectConfig) -> list[list[dict]]:
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int], cfg: CollectConfig, contexts=None
+    ) -> list[list[dict]]:
         from .generate import response_lengths
 
         dev = self.model.device
@@ -160,12 +168,18 @@ class VLLMEngine:
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
 
-    def generate(self, prompts: list[list[int]], seeds: list[int], cfg: CollectConfig) -> list[list[dict]]:
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int], cfg: CollectConfig, contexts=None
+    ) -> list[list[dict]]:
+        """``contexts``: each prompt's question-removed prompt ids, for the plugin's SAR pass."""
         from vllm import SamplingParams
 
         params = [
-            SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens, seed=s)
-            for s in seeds
+            SamplingParams(
+                n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens, seed=s,
+                extra_args=None if contexts is None else {"swift_fast": {"sar_context": list(contexts[i])}},
+            )
+            for i, s in enumerate(seeds)
         ]
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         result = []
@@ -247,9 +261,9 @@ def collect(
             chunk = todo[a : a + cfg.chunk]
             rendered = [render(tokenizer, ex, cfg.template, cfg.system) for ex in chunk]
             seeds = [problem_seed(cfg.seed, str(ex.id)) for ex in chunk]
-            cands = engine.generate([ids for _, ids in rendered], seeds, cfg)
+            cands = engine.generate([r[1] for r in rendered], seeds, cfg, contexts=[r[2] for r in rendered])
             grade_candidates(cands, chunk, cfg.grade_timeout)
-            for ex, (text, ids), cs in zip(chunk, rendered, cands):
+            for ex, (text, ids, q0), cs in zip(chunk, rendered, cands):
                 writer.write(
                     Problem(
                         id=str(ex.id),
@@ -260,6 +274,7 @@ def collect(
                         prompt_token_ids=ids,
                         candidates=cs,
                         extra={
+                            "sar_context_token_ids": q0,
                             "dataset": getattr(ex, "dataset", None),
                             "model": model_name,
                             "engine": engine.name,

@@ -101,8 +101,7 @@ def prepare_config(vllm_config) -> None:
         return
     head = cfg.load_head()
     check_engine(vllm_config, head)
-    if cfg.sar:
-        question_removed_prompt_ids(vllm_config, cfg)  # no chat template: fail before the engine starts
+    warn_untested_vllm()
     section = vllm_config.additional_config[KEY]
     if isinstance(section, str):
         section = {"head": section}
@@ -111,7 +110,7 @@ def prepare_config(vllm_config) -> None:
     section["_head_sha256"] = sha256_of(cfg.head_path)
     vllm_config.additional_config[KEY] = section
     if vllm_config.use_v2_model_runner:
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        select_v1_runner()
         if vllm_config.use_v2_model_runner:
             from ..head import HeadError
 
@@ -123,21 +122,36 @@ def prepare_config(vllm_config) -> None:
     logger.info("swift-fast: head %s (%s) on %s", cfg.head_path, head.extra_repr(), vllm_config.model_config.model)
 
 
-def question_removed_prompt_ids(vllm_config, cfg) -> list[int]:
-    """SAR's ``q0`` for this engine's tokenizer (``PluginConfigError`` when it cannot be built)."""
-    from vllm.tokenizers import cached_tokenizer_from_config
+def select_v1_runner() -> None:
+    """``VLLM_USE_V2_MODEL_RUNNER=0`` for this process and the ones it starts.
 
-    from ..hf.sar import question_removed_prompt
-    from .config import PluginConfigError
+    NOTE: vLLM caches its environment once an engine core has started in a process
+    (``envs.enable_envs_cache``); a second engine built in the same process (RL loops build
+    several) would read the stale value, so the cache is cleared after the change.
+    """
+    from vllm import envs
 
-    try:
-        tok = cached_tokenizer_from_config(vllm_config.model_config)
-        return question_removed_prompt(tok, cfg.sar_system_prompt)
-    except Exception as e:
-        raise PluginConfigError(
-            f"SAR needs the question-removed prompt q0 (the chat template of [system, empty user] plus the "
-            f"generation prompt) of {vllm_config.model_config.model}: {e}"
-        ) from e
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    clear = getattr(envs.__getattr__, "cache_clear", None)
+    if clear is not None:
+        clear()
+
+
+#: vLLM versions the plugin is tested with (it hooks internals of the V1 model runner, which
+#: vLLM has deprecated: another minor version may move them)
+TESTED_VLLM = ("0.32.",)
+
+
+def warn_untested_vllm() -> None:
+    import vllm
+
+    version = getattr(vllm, "__version__", "?")
+    if not version.startswith(TESTED_VLLM):
+        logger.warning(
+            "swift-fast is tested with vLLM %s and this is vLLM %s: the plugin hooks the V1 model runner's "
+            "internals, which may have moved; check the scores (e.g. tests/test_vllm_plugin.py) before relying "
+            "on them", " / ".join(v + "x" for v in TESTED_VLLM), version,
+        )
 
 
 def _wrap_engine_args() -> None:

@@ -6,15 +6,24 @@ Keys:
     path of a ``swift_fast.head/1`` file.
 ``sar`` (default ``false``)
     also compute the self-aligned reward of every finished candidate.
-``sar_system_prompt`` (default SAR's system prompt)
-    the system prompt kept in the question-removed prompt ``q0``; ``null`` renders ``[user: ""]`` alone.
+``sar_context`` (default ``null``: the tokenizer's BOS token)
+    the question-removed context ``q0`` of a raw prompt (``LLM.generate``, ``/v1/completions``)
+    that brings none of its own: token ids, or text tokenised as vLLM tokenises a prompt. Chat
+    requests never use it (:mod:`swift_fast.sar_context`).
 ``select`` (default ``"swift"``)
     what server-side Best-of-N (``"best_of_n": N`` in a request body) ranks by: ``"swift"``,
     ``"sar"``, ``"rank"`` or ``"scaled"`` (the two combinations of SWIFT and SAR).
+``max_best_of_n`` (default 64)
+    the largest ``best_of_n`` a server request may ask for. Each candidate is a sequence in the
+    engine (and, with SAR, one question-removed pass more), so an unbounded N lets one request
+    occupy the engine; 64 is four times the largest N the SWIFT paper evaluates.
 
-Per request, ``SamplingParams(extra_args={"swift_fast": {"score": False}})`` (``vllm_xargs`` in
-an OpenAI request cannot carry a dict: use ``"swift_fast_score": false`` there) opts that
-request out of scoring.
+Per request (``SamplingParams.extra_args``; ``vllm_xargs`` in an OpenAI request cannot carry a
+dict, so the server also takes the flat keys in brackets):
+
+- ``{"swift_fast": {"score": False}}`` (``"swift_fast_score": false``) opts the request out of scoring;
+- ``{"swift_fast": {"sar_context": ...}}`` (``"swift_fast_sar_context"``, or a ``"sar_context"``
+  body field) gives the question-removed context of a raw prompt: token ids or text.
 """
 
 from __future__ import annotations
@@ -23,13 +32,13 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..definitions import DEFAULT_SYSTEM_PROMPT
 from ..head import ALIGNMENT, HeadError, SwiftHead
 
 #: key of the plugin's section in ``VllmConfig.additional_config`` and in ``SamplingParams.extra_args``
 KEY = "swift_fast"
 SELECT = ("swift", "sar", "rank", "scaled")
-_KEYS = ("head", "sar", "sar_system_prompt", "select")
+_KEYS = ("head", "sar", "sar_context", "select", "max_best_of_n")
+DEFAULT_MAX_BEST_OF_N = 64
 #: keys the plugin itself writes into the section at start-up
 _INTERNAL = ("_head_sha256",)
 
@@ -42,8 +51,9 @@ class PluginConfigError(ValueError):
 class PluginConfig:
     head_path: str
     sar: bool = False
-    sar_system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    sar_context: str | tuple[int, ...] | None = None
     select: str = "swift"
+    max_best_of_n: int = DEFAULT_MAX_BEST_OF_N
 
     @classmethod
     def parse(cls, section: Any) -> "PluginConfig":
@@ -54,6 +64,13 @@ class PluginConfig:
             raise PluginConfigError(
                 f'additional_config["{KEY}"] must be an object such as {{"head": "head.safetensors"}}, '
                 f"got {type(section).__name__}"
+            )
+        if "sar_system_prompt" in section:
+            raise PluginConfigError(
+                f'additional_config["{KEY}"]["sar_system_prompt"] is gone: SAR\'s question-removed prompt now keeps '
+                "the generation's own context (its system turn or none, its template) and removes only the "
+                "question. Put a system prompt in the generation prompts that should have one; for raw prompts "
+                'set "sar_context" (or a per-request context)'
             )
         unknown = sorted(set(section) - set(_KEYS) - set(_INTERNAL))
         if unknown:
@@ -68,10 +85,17 @@ class PluginConfig:
         sar = section.get("sar", False)
         if not isinstance(sar, bool):
             raise PluginConfigError(f'additional_config["{KEY}"]["sar"] must be true or false, got {sar!r}')
-        system = section.get("sar_system_prompt", DEFAULT_SYSTEM_PROMPT)
-        if system is not None and not isinstance(system, str):
+        context = section.get("sar_context")
+        if isinstance(context, list) and all(type(t) is int and t >= 0 for t in context):
+            context = tuple(context)
+        elif context is not None and not isinstance(context, str):
             raise PluginConfigError(
-                f'additional_config["{KEY}"]["sar_system_prompt"] must be a string or null, got {system!r}'
+                f'additional_config["{KEY}"]["sar_context"] must be text, a list of token ids or null, got {context!r}'
+            )
+        max_bon = section.get("max_best_of_n", DEFAULT_MAX_BEST_OF_N)
+        if isinstance(max_bon, bool) or not isinstance(max_bon, int) or max_bon < 1:
+            raise PluginConfigError(
+                f'additional_config["{KEY}"]["max_best_of_n"] must be a positive integer, got {max_bon!r}'
             )
         select = section.get("select", "swift")
         if select not in SELECT:
@@ -81,7 +105,7 @@ class PluginConfig:
                 f'additional_config["{KEY}"]["select"] = {select!r} ranks by SAR: set "sar": true as well'
             )
         head_path = os.path.abspath(os.path.expanduser(head))
-        return cls(head_path=head_path, sar=sar, sar_system_prompt=system, select=select)
+        return cls(head_path=head_path, sar=sar, sar_context=context, select=select, max_best_of_n=max_bon)
 
     def load_head(self) -> SwiftHead:
         return SwiftHead.load(self.head_path)
@@ -155,7 +179,15 @@ def check_engine(vllm_config: Any, head: SwiftHead) -> None:
             "swift-fast scores one token per request per step; speculative decoding is not supported with a "
             "SWIFT head: remove --speculative-config"
         )
-    pp = getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1)
+    parallel = vllm_config.parallel_config
+    if getattr(parallel, "use_ubatching", False):
+        raise HeadError(
+            "swift-fast does not support dual-batch overlap / micro-batching (--enable-dbo, --ubatch-size): "
+            "each micro-batch runs the model on its own slice of the tokens, and the head's per-token "
+            "accumulator is indexed from 0 in every slice, so both would add into the same rows. Remove "
+            "--enable-dbo / --ubatch-size to serve with a SWIFT head"
+        )
+    pp = getattr(parallel, "pipeline_parallel_size", 1)
     if pp and pp > 1:
         raise HeadError(
             f"swift-fast needs every layer of the model in one worker; pipeline parallelism "

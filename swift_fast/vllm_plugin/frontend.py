@@ -6,8 +6,15 @@ Scores. ``OutputProcessor.process_outputs`` is wrapped: before vLLM's loop, the 
 ``EngineCoreOutput`` carries (see :mod:`.transport`) are popped and added to the request's
 accumulator (kept on vLLM's ``RequestState``, so it is freed with it). Each value belongs to the
 one token its output carries, and that token is appended to the output, so the sums cover
-exactly ``CompletionOutput.token_ids``. ``CompletionOutput`` gets ``swift_score`` (float; None
-for a request that opted out), ``swift_tokens`` (tokens scored) and, with SAR, ``sar``.
+exactly ``CompletionOutput.token_ids``. ``CompletionOutput`` gets ``swift_score``,
+``swift_tokens`` (tokens scored) and, with SAR, ``sar`` and ``sar_context`` (where ``q0`` came
+from: ``"chat"``, ``"request"`` or ``"default"``, :mod:`.contexts`).
+
+A missing value is None, never a number: ``swift_score`` is None for a request that opted out
+and whenever ``swift_tokens`` differs from the number of tokens in the output (a path that was
+never scored: the first such request is logged with the reason); ``sar`` is None when its pass
+could not run (no question-removed context, ``q0 + answer`` over ``max_model_len``, an engine
+error) or its two passes scored different tokens.
 
 SAR. When a scored candidate finishes (EOS, stop token, ``max_tokens``, stop string), its final
 output is held back: vLLM's ``RequestState`` stays registered (so ``LLM.generate`` keeps
@@ -18,12 +25,16 @@ processor. Its answer log-probs come back summed by the worker (fused log-prob p
 candidate's log-probs with the question were summed during generation. Then the held output is
 released with ``sar`` set. Tokens the engine generates for a held candidate before the abort
 for its stop string lands are dropped as vLLM drops them for finished requests. An aborted
-candidate is released at once, without SAR, and its pass is aborted too.
+candidate is released at once, without SAR, and its pass is aborted too. A pass that cannot be
+submitted releases its candidate at once with ``sar = None`` (and a warning): a held request
+never waits on a pass that does not exist.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import math
 import types
@@ -32,20 +43,27 @@ from typing import Any
 from ..definitions import GATE_EPS
 from . import transport
 from .config import KEY, SCORE, PluginConfig, request_kind
+from .contexts import context_of
 from .transport import Values
 
 logger = logging.getLogger("swift_fast.vllm_plugin")
+
+#: True while vLLM's beam search runs: its one-token step requests are not candidates, so they
+#: are left unscored and never get a SAR pass (which would double every beam step).
+_IN_BEAM_SEARCH = contextvars.ContextVar("swift_fast_in_beam_search", default=False)
 
 
 class Accumulator:
     """Per-request sums (float64 on the host)."""
 
-    __slots__ = ("scored", "sar_wanted", "frontend", "wsum", "gsum", "n", "lp", "lpn", "sar", "held", "released")
+    __slots__ = ("scored", "sar_wanted", "frontend", "context", "wsum", "gsum", "n", "lp", "lpn", "sar", "held",
+                 "released")
 
-    def __init__(self, scored: bool, sar_wanted: bool, frontend: "FrontEnd"):
+    def __init__(self, scored: bool, sar_wanted: bool, frontend: "FrontEnd", context: dict | None = None):
         self.scored = scored
         self.sar_wanted = sar_wanted
         self.frontend = frontend
+        self.context = context  # SAR's q0: {"ids", "source", "why"} (.contexts)
         self.wsum = self.gsum = self.lp = 0.0
         self.n = self.lpn = 0
         self.sar: float | None = None
@@ -59,16 +77,26 @@ class Accumulator:
         self.lp += v.logp
         self.lpn += int(v.logp_tokens)
 
-    def score(self) -> float | None:
+    def score(self, num_tokens: int) -> float | None:
+        """The candidate's SWIFT score when every one of its ``num_tokens`` tokens was scored, else None."""
         if not self.scored:
+            return None
+        if self.n != num_tokens:
+            self.frontend.warn_once(
+                "unscored",
+                "swift-fast: a request's output has %d tokens and %d scored values; its swift_score is None "
+                "(the model runner did not report values for every token: is the plugin loaded in the workers?)",
+                num_tokens, self.n,
+            )
             return None
         return self.wsum / max(self.gsum, GATE_EPS)
 
-    def attach(self, out) -> None:
-        out.swift_score = self.score()
+    def attach(self, out, num_tokens: int) -> None:
+        out.swift_score = self.score(num_tokens)
         out.swift_tokens = self.n if self.scored else 0
         if self.frontend.cfg.sar:
             out.sar = self.sar
+            out.sar_context = self.context["source"] if self.sar_wanted and self.context else None
 
 
 class FrontEnd:
@@ -80,11 +108,13 @@ class FrontEnd:
         self.op = engine.output_processor
         self.engine_core = engine.engine_core
         self.input_processor = engine.input_processor
-        self.q0: list[int] | None = None
+        self.contexts = None
         if cfg.sar:
-            from . import question_removed_prompt_ids
+            from .contexts import Contexts
 
-            self.q0 = question_removed_prompt_ids(engine.vllm_config, cfg)
+            self.contexts = Contexts(engine, cfg)
+        self._warned: set[str] = set()
+        self.passes_submitted = 0  # question-removed passes sent to the engine (diagnostics)
         self.passes: dict[str, Any] = {}  # pass request id -> candidate RequestState
         self.pass_of: dict[str, str] = {}  # candidate request id -> pass request id
         self.to_release: list = []
@@ -103,8 +133,11 @@ class FrontEnd:
             orig_add(request, *args, **kwargs)
             rs = self_.request_states.get(request.request_id)
             if rs is not None and rs.detokenizer is not None and getattr(rs, "_swift_fast", None) is None:
-                scored = request_kind(request.sampling_params)[0] == SCORE
-                rs._swift_fast = Accumulator(scored, scored and fe.cfg.sar, fe)
+                scored = request_kind(request.sampling_params)[0] == SCORE and not _IN_BEAM_SEARCH.get()
+                context = None
+                if scored and fe.contexts is not None:
+                    context = context_of(request.sampling_params) or fe.contexts.default
+                rs._swift_fast = Accumulator(scored, scored and fe.cfg.sar, fe, context)
 
         def process_outputs(self_, engine_core_outputs, *args, **kwargs):
             keep = fe._pre(engine_core_outputs)
@@ -174,6 +207,11 @@ class FrontEnd:
             self._orig_finish(rs)
 
     # -- SAR pass ----------------------------------------------------------------------------
+    def warn_once(self, key: str, msg: str, *args) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(msg, *args)
+
     def hold(self, rs, call: tuple) -> None:
         """A scored candidate finished: hold its final output (``call``: the arguments of
         ``make_request_output``) and start its SAR pass."""
@@ -184,23 +222,55 @@ class FrontEnd:
             acc.sar = 0.0  # no answer token: no evidence either way (swift_fast.sar)
             self.to_release.append(rs)
             return
+        q0 = acc.context["ids"] if acc.context else None
+        if not q0:
+            why = (acc.context or {}).get("why") or "no question-removed context"
+            self.warn_once("no-q0:" + why, "swift-fast: sar is None for request %s: %s", rs.external_req_id, why)
+            self.to_release.append(rs)
+            return
         try:
-            req = self._pass_request(rs, answer)
+            req = self._pass_request(rs, q0, answer)
         except Exception as e:  # a pass the engine refuses (e.g. q0 + answer over max_model_len)
-            logger.warning("swift-fast: no SAR for request %s: %s", rs.external_req_id, e)
-            acc.sar = math.nan
+            self._no_pass(rs, e)
             self.to_release.append(rs)
             return
         self.passes[req.request_id] = rs
         self.pass_of[rs.request_id] = req.request_id
+        self.passes_submitted += 1
         if self.is_async:
             task = asyncio.get_running_loop().create_task(self.engine_core.add_request_async(req))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda t, pid=req.request_id: self._submitted(pid, t))
         else:
-            self.engine_core.add_request(req)
+            try:
+                self.engine_core.add_request(req)
+            except Exception as e:
+                self._forget_pass(req.request_id)
+                self._no_pass(rs, e)
+                self.to_release.append(rs)
 
-    def _pass_request(self, rs, answer: list[int]):
+    def _no_pass(self, rs, e: Exception) -> None:
+        logger.warning("swift-fast: no SAR for request %s (sar is None): %s", rs.external_req_id, e)
+        rs._swift_fast.sar = None
+
+    def _forget_pass(self, pass_id: str):
+        rs = self.passes.pop(pass_id, None)
+        if rs is not None:
+            self.pass_of.pop(rs.request_id, None)
+        return rs
+
+    def _submitted(self, pass_id: str, task) -> None:
+        """Done callback of an asynchronous pass submission: a failed one releases its candidate now
+        (no engine output will ever arrive for it to be released with)."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            rs = self._forget_pass(pass_id)
+            if rs is not None:
+                self._no_pass(rs, task.exception() if not task.cancelled() else RuntimeError("submission cancelled"))
+                self.to_release.append(rs)
+                self._release([])
+
+    def _pass_request(self, rs, q0: list[int], answer: list[int]):
         from vllm import SamplingParams
 
         params = SamplingParams(
@@ -208,11 +278,11 @@ class FrontEnd:
             temperature=0.0,
             detokenize=False,
             skip_reading_prefix_cache=True,
-            extra_args={KEY: {"sar_pass": len(self.q0)}},
+            extra_args={KEY: {"sar_pass": len(q0)}},
         )
         req = self.input_processor.process_inputs(
             f"swift-fast-sar-{rs.request_id}",
-            {"prompt_token_ids": self.q0 + answer},
+            {"prompt_token_ids": q0 + answer},
             params,
             supported_tasks=("generate",),
             lora_request=rs.lora_request,
@@ -226,17 +296,18 @@ class FrontEnd:
         acc = rs._swift_fast
         if v is None or v.logp_tokens <= 0 or acc.lpn <= 0:
             logger.warning(
-                "swift-fast: SAR pass for request %s returned no log-probs (%s)", rs.external_req_id, finish_reason
+                "swift-fast: SAR pass for request %s returned no log-probs (%s); sar is None",
+                rs.external_req_id, finish_reason,
             )
-            acc.sar = math.nan
+            acc.sar = None
         elif int(v.logp_tokens) != acc.lpn:
             # both passes must cover the same answer tokens; a mean over different sets would be
             # a plausible-looking but wrong reward
             logger.warning(
                 "swift-fast: SAR for request %s: the question-removed pass scored %d answer tokens, the "
-                "generation %d; reporting NaN", rs.external_req_id, int(v.logp_tokens), acc.lpn,
+                "generation %d; sar is None", rs.external_req_id, int(v.logp_tokens), acc.lpn,
             )
-            acc.sar = math.nan
+            acc.sar = None
         else:
             acc.sar = sar_value(acc.lp / acc.lpn, v.logp / v.logp_tokens)
         self.to_release.append(rs)
@@ -281,7 +352,7 @@ def _patch_request_state() -> None:
         out = orig_new(self, *args, **kwargs)
         acc = getattr(self, "_swift_fast", None)
         if acc is not None:
-            acc.attach(out)
+            acc.attach(out, len(self.detokenizer.output_token_ids))
         return out
 
     from vllm.outputs import RequestOutput
@@ -304,7 +375,42 @@ def _patch_request_state() -> None:
     RequestState.make_request_output = make_request_output
     RequestState._new_completion_output = _new_completion_output
     RequestOutput.add = add
+    _patch_beam_search()
     _PATCHED = True
 
 
-_FIELDS = ("swift_score", "swift_tokens", "sar")
+def _patch_beam_search() -> None:
+    """Run vLLM's offline and online beam search with :data:`_IN_BEAM_SEARCH` set (the online one
+    submits its step requests from tasks it creates, which copy the context)."""
+    from vllm.entrypoints.generate.beam_search.offline import BeamSearchOfflineMixin
+    from vllm.entrypoints.generate.beam_search.online import BeamSearchOnlineMixin
+
+    orig_offline = BeamSearchOfflineMixin.beam_search
+    orig_online = BeamSearchOnlineMixin.beam_search
+
+    @functools.wraps(orig_offline)
+    def beam_search(self, *args, **kwargs):
+        token = _IN_BEAM_SEARCH.set(True)
+        try:
+            return orig_offline(self, *args, **kwargs)
+        finally:
+            _IN_BEAM_SEARCH.reset(token)
+
+    @functools.wraps(orig_online)
+    async def beam_search_online(self, *args, **kwargs):
+        token = _IN_BEAM_SEARCH.set(True)
+        try:
+            async for out in orig_online(self, *args, **kwargs):
+                yield out
+        finally:
+            # a generator closed from another context (garbage collection) cannot reset its token
+            try:
+                _IN_BEAM_SEARCH.reset(token)
+            except ValueError:
+                pass
+
+    BeamSearchOfflineMixin.beam_search = beam_search
+    BeamSearchOnlineMixin.beam_search = beam_search_online
+
+
+_FIELDS = ("swift_score", "swift_tokens", "sar", "sar_context")

@@ -7,11 +7,22 @@ on each choice's final chunk (the one with its ``finish_reason``).
 A request may ask ``"best_of_n": N`` (a body field, as ``extra_body`` of the ``openai`` client):
 the server samples ``N`` candidates (``n`` must then be 1 or absent, ``stream`` false) and
 returns, per prompt, only the one the configured selection ranks first (``select``: SWIFT by
-default; ties go to the lowest index), with::
+default; ties go to the lowest index; a candidate without a score never wins over one with),
+with::
 
     "best_of_n": {"n": N, "index": <chosen candidate>, "swift_scores": [...N], "sar": [...N]}
 
-``usage`` counts all ``N`` candidates' tokens: they were all generated.
+``usage`` counts all ``N`` candidates' tokens: they were all generated. ``best_of_n`` is refused
+(400, naming the field) above the engine's ``max_best_of_n``, with greedy sampling (N copies of
+one answer), with beam search, and on a request that opted out of scoring.
+
+With SAR on, a raw completion prompt may bring its question-removed context in a
+``"sar_context"`` body field (token ids or text; :mod:`.contexts`), and every choice says which
+context its ``sar`` used (``sar_context``).
+
+``/v1/responses`` and ``/v1/chat/completions/batch`` carry no scores: a request to them that
+asks for ``best_of_n`` or ``sar_context`` is answered 400, naming the endpoint. Beam search
+(``use_beam_search``) runs unscored (:mod:`.frontend`).
 
 The serving classes are patched once per process, when the first engine with a head is built;
 each wrapper checks its own engine, so a server without a head is served unchanged.
@@ -36,6 +47,7 @@ def choice_fields(output, sar: bool) -> dict:
     d = {"swift_score": _num(getattr(output, "swift_score", None)), "swift_tokens": getattr(output, "swift_tokens", 0)}
     if sar:
         d["sar"] = _num(getattr(output, "sar", None))
+        d["sar_context"] = getattr(output, "sar_context", None)
     return d
 
 
@@ -70,21 +82,64 @@ def select_best(fields: list[dict], how: str) -> int:
     return int(bon.combine_scaled(col("swift_score"), col("sar"), n)[0])
 
 
-def _best_of_n(request) -> tuple[int | None, str | None]:
+def _best_of_n(serving, request, fe) -> tuple[int | None, str | None]:
     """``(N, error)`` from a request body's ``best_of_n``."""
+    from .config import SKIP, request_kind
+
     extra = getattr(request, "model_extra", None) or {}
     if "best_of_n" not in extra:
         return None, None
     n = extra["best_of_n"]
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         return None, f"best_of_n must be a positive integer, got {n!r}"
+    if n > fe.cfg.max_best_of_n:
+        return None, (
+            f"best_of_n = {n} is above this server's limit of {fe.cfg.max_best_of_n} (the plugin's max_best_of_n): "
+            "ask for fewer candidates"
+        )
     if request.n not in (None, 1):
         return None, "best_of_n returns one choice per prompt: leave n unset (or 1)"
     if getattr(request, "stream", False):
         return None, "best_of_n needs every candidate finished before it answers: set stream to false"
     if getattr(request, "use_beam_search", False):
         return None, "best_of_n cannot be combined with beam search"
+    temperature = request.temperature
+    if temperature is None:
+        temperature = (getattr(serving, "default_sampling_params", None) or {}).get("temperature", 1.0)
+    if temperature is not None and temperature < 1e-5:
+        return None, (
+            f"best_of_n = {n} with greedy sampling (temperature {temperature}) would generate {n} copies of one "
+            "answer: set a temperature above 0"
+        )
+    xargs = getattr(request, "vllm_xargs", None) or {}
+    if request_kind(_Params(xargs))[0] == SKIP:
+        return None, "best_of_n ranks candidates by their scores, and this request opted out of scoring"
     return n, None
+
+
+class _Params:
+    """What ``request_kind`` reads of a request's sampling parameters, from its ``vllm_xargs``."""
+
+    def __init__(self, extra_args: dict):
+        self.extra_args = extra_args
+
+
+def _move_sar_context(request) -> str | None:
+    """The ``sar_context`` body field into ``vllm_xargs`` (which reach ``SamplingParams.extra_args``);
+    the error message when it is malformed."""
+    from ..sar_context import ContextError, explicit_context_ids
+    from .contexts import FLAT
+
+    extra = getattr(request, "model_extra", None) or {}
+    if "sar_context" in extra:
+        request.vllm_xargs = {**(request.vllm_xargs or {}), FLAT: extra["sar_context"]}
+    given = (request.vllm_xargs or {}).get(FLAT)
+    if given is not None:
+        try:
+            explicit_context_ids(given, lambda text: [], what="sar_context")  # its shape only
+        except ContextError as e:
+            return str(e)
+    return None
 
 
 def _reduce(response, n: int, fe) -> None:
@@ -115,7 +170,8 @@ def _with_best_of_n(orig):
         fe = _frontend(self)
         if fe is None:
             return await orig(self, request, raw_request)
-        n, err = _best_of_n(request)
+        n, err = _best_of_n(self, request, fe)
+        err = err or _move_sar_context(request)
         if err:
             return self.create_error_response(err)
         if n is None:
@@ -125,6 +181,23 @@ def _with_best_of_n(orig):
         if not isinstance(response, ErrorResponse):
             _reduce(response, n, fe)
         return response
+
+    return create
+
+
+def _refuse_plugin_fields(orig, endpoint: str):
+    """Wrap an endpoint that carries no scores: a request asking for the plugin's fields gets a 400."""
+
+    @functools.wraps(orig)
+    async def create(self, request, *args, **kwargs):
+        extra = getattr(request, "model_extra", None) or {}
+        asked = [k for k in ("best_of_n", "sar_context") if k in extra]
+        if asked and _frontend(self) is not None:
+            return self.create_error_response(
+                f"{endpoint} does not support {', '.join(asked)} (its responses carry no swift-fast scores): "
+                "use /v1/chat/completions or /v1/completions"
+            )
+        return await orig(self, request, *args, **kwargs)
 
     return create
 
@@ -250,4 +323,15 @@ def install_serving() -> None:
     H.chat_completion_full_generator = chat_completion_full_generator
     H.create_chat_completion = create_chat_completion
     H.chat_completion_stream_generator = chat_completion_stream_generator
+
+    # -- endpoints without scores ---------------------------------------------------------
+    from vllm.entrypoints.openai.chat_completion.batch_serving import OpenAIServingChatBatch
+    from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
+
+    OpenAIServingChatBatch.create_batch_chat_completion = _refuse_plugin_fields(
+        OpenAIServingChatBatch.create_batch_chat_completion, "/v1/chat/completions/batch"
+    )
+    OpenAIServingResponses.create_responses = _refuse_plugin_fields(
+        OpenAIServingResponses.create_responses, "/v1/responses"
+    )
     _INSTALLED = True
