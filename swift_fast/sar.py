@@ -1,7 +1,8 @@
 """Self-aligned reward (SAR paper, arXiv 2509.05489, Eq. 8-9; DESIGN 2).
 
 ``ppl(a|q) = exp(-mean_j log P(a_j | q, a_<j))`` and ``ppl(a) = exp(-mean_j log P(a_j | q0, a_<j))``
-with ``q0`` the prompt without the user's question (system prompt kept).
+with ``q0`` the generation's own prompt with only the user's question removed
+(:mod:`swift_fast.sar_context`).
 ``R_SA = clip((ppl(a) - ppl(a|q)) / ppl(a), -1, 1)``.
 
 Empty answer: the mean over no tokens is taken as 0, so its perplexity is 1 under both

@@ -541,6 +541,21 @@ def test_beam_search_runs_unscored_and_without_sar_passes(llama):
     assert fe.passes_submitted == before + 1 and res[0].outputs[0].sar is not None
 
 
+def _run_profiling_sampler(worker):
+    r = worker.model_runner
+    r._dummy_sampler_run(torch.rand(4, r.model_config.get_hidden_size()))
+    return r._swift_fast.sar.profiled
+
+
+def test_memory_profiling_includes_the_sar_pass_peak(llama):
+    """vLLM sizes the KV cache from the peak of its profiling run; SAR's largest transient work (a
+    pass's chunk of logits beside a step's) runs inside it."""
+    llm, head, ref = llama
+    assert llm.collective_rpc(_run_profiling_sampler) == [True]
+    res = llm.generate(tokens([ref.prompt(TEXTS[0])]), sp(max_tokens=4))
+    assert_scores(ref, head, res, [ref.prompt(TEXTS[0])], sar=True)
+
+
 def test_memory_stays_flat_over_many_requests(llama):
     """No per-token or per-request state outlives its request, in the front end or the worker:
     what swift-fast's own code holds (tracemalloc) does not grow from one round of 64 candidates
@@ -693,3 +708,40 @@ def test_front_end_sar_formula_is_the_library_one():
     want = sar_from_means(mq, m0)
     got = torch.tensor([sar_value(float(a), float(b)) for a, b in zip(mq, m0)], dtype=torch.float64)
     torch.testing.assert_close(got, want.double(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_sar_log_probs_are_those_of_the_logits_before_vllms_sampler(dtype):
+    """vLLM's own sampler (temperature, top-p) runs between the plugin's two halves: bf16/fp16 rows
+    keep only their log-normaliser (the sampler works on a float32 copy), float32 rows, which the
+    sampler divides in place, are copied. Either way the log-prob is the unprocessed logits'."""
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.sample.sampler import Sampler
+
+    from swift_fast.vllm_plugin.sar_worker import SarWorker, sampled_rows
+    from swift_fast.vllm_plugin.transport import COL, NCOLS
+
+    n, v = 6, 300
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(n, v, generator=g) * 4).to(dtype)
+    pristine = logits.double().clone()
+    rows = torch.tensor([0, 2, 3, 5])
+    buffer = torch.empty(n, v) if dtype == torch.float32 else None
+    kept = sampled_rows(logits, rows, buffer)
+    full = lambda x: torch.full((n,), x)  # noqa: E731
+    meta = SamplingMetadata(
+        temperature=full(0.7), all_greedy=False, all_random=True, top_p=full(0.9), top_k=None,
+        generators={}, max_num_logprobs=None, logprob_token_ids=None, no_penalties=True, prompt_token_ids=None,
+        frequency_penalties=full(0.0), presence_penalties=full(0.0), repetition_penalties=full(1.0),
+        output_token_ids=[[] for _ in range(n)], spec_token_ids=[[] for _ in range(n)],
+        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors(),
+    )
+    sampled = Sampler()(logits, meta).sampled_token_ids
+    assert torch.equal(logits.double(), pristine) == (dtype != torch.float32)  # what makes the copy needed
+    values = torch.zeros(n, NCOLS)
+    SarWorker.sampled_logprobs(values, kept, sampled)
+    tokens = sampled[rows, 0].long()
+    want = torch.log_softmax(pristine, -1)[rows, tokens]
+    torch.testing.assert_close(values[rows, COL.logp].double(), want, rtol=1e-5, atol=1e-5)
+    assert values[rows, COL.logp_tokens].tolist() == [1.0] * 4 and values[[1, 4]].abs().sum() == 0

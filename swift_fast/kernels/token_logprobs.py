@@ -2,7 +2,9 @@
 
 ``token_logprobs(logits[T, V], targets[T]) -> [T]`` float32; optionally, in the same read of the
 logits, the logit-feature SWIFT projection ``z = logits @ W^T + b`` (``W`` of ``[rows, V]``,
-paper 5.8).
+paper 5.8). ``logsumexp_rows(logits[T, V]) -> [T]`` float32 is the same reduction without a
+target: a row's log-normaliser, for callers that learn the target later (``x[t, target] - lse[t]``
+is then its log-prob; the vLLM plugin reads the sampled token after vLLM's sampler ran).
 
 Triton path: online logsumexp over vocabulary blocks (one pass, one ``exp`` per logit, running
 state per lane so the loop has no cross-thread reduction), float32 whatever the logits dtype.
@@ -159,6 +161,13 @@ if HAVE_TRITON:
         return tl.where(ok, (xt - m) - log1p(s + (c - 1.0)), float("nan"))
 
     @triton.jit
+    def row_lse(m, s, c):
+        """A row's logsumexp from its online state (NaN for a row of all ``-inf``, as ``torch.logsumexp``
+        gives ``-inf`` there but every log-prob of such a row is NaN)."""
+        r = m + log1p(s + (c - 1.0))
+        return tl.where(r == float("-inf"), float("nan"), r)
+
+    @triton.jit
     def store_partial(part_ptr, rows64, sp, m, s, c, mask_t, SPLIT: tl.constexpr):
         off = (rows64 * SPLIT + sp) * 3
         tl.store(part_ptr + off, m, mask=mask_t)
@@ -187,7 +196,7 @@ if HAVE_TRITON:
     @triton.jit(do_not_specialize=["T"])
     def _logprob_kernel(x_ptr, stride_x, tgt_ptr, out_ptr, part_ptr, w_ptr, stride_w, z_ptr,
                         T, V, V_PER_SPLIT, inv_temp,
-                        SPLIT: tl.constexpr, PROJ_ROWS: tl.constexpr,
+                        SPLIT: tl.constexpr, PROJ_ROWS: tl.constexpr, LSE: tl.constexpr,
                         BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, NUM_STAGES: tl.constexpr):
         pid = tl.program_id(0)
         sp = tl.program_id(1)
@@ -199,7 +208,10 @@ if HAVE_TRITON:
         m, s, c, z0, z1 = online_lse(x_ptr, stride_x, rows64, mask_t, v_start, v_stop, inv_temp, w_ptr, stride_w,
                                      PROJ_ROWS, BLOCK_T, BLOCK_V, NUM_STAGES)
         if SPLIT == 1:
-            lp = target_logprob(x_ptr, stride_x, tgt_ptr, rows, rows64, mask_t, m, s, c, V, inv_temp)
+            if LSE:
+                lp = row_lse(m, s, c)
+            else:
+                lp = target_logprob(x_ptr, stride_x, tgt_ptr, rows, rows64, mask_t, m, s, c, V, inv_temp)
             tl.store(out_ptr + rows, lp, mask=mask_t)
         else:
             store_partial(part_ptr, rows64, sp, m, s, c, mask_t, SPLIT)
@@ -212,12 +224,15 @@ if HAVE_TRITON:
 
     @triton.jit(do_not_specialize=["T"])
     def _combine_kernel(x_ptr, stride_x, tgt_ptr, out_ptr, part_ptr, T, V, n_split, inv_temp,
-                        SPLIT: tl.constexpr, BLOCK_T: tl.constexpr):
+                        SPLIT: tl.constexpr, LSE: tl.constexpr, BLOCK_T: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         mask_t = rows < T
         rows64 = rows.to(tl.int64)
         m, s, c = combine_lse(part_ptr, rows64, mask_t, n_split, SPLIT)
-        lp = target_logprob(x_ptr, stride_x, tgt_ptr, rows, rows64, mask_t, m, s, c, V, inv_temp)
+        if LSE:
+            lp = row_lse(m, s, c)
+        else:
+            lp = target_logprob(x_ptr, stride_x, tgt_ptr, rows, rows64, mask_t, m, s, c, V, inv_temp)
         tl.store(out_ptr + rows, lp, mask=mask_t)
 
 
@@ -239,7 +254,10 @@ def choose_split(n_row_programs: int, v: int, block_v: int, device: torch.device
 
 def token_logprobs_triton(logits, targets, weight=None, bias=None, temperature=1.0, split=None,
                           block_v=None, num_warps=None, num_stages=NUM_STAGES):
-    check_inputs(logits, targets, weight)
+    """``targets=None``: each row's logsumexp instead of a target's log-prob (:func:`logsumexp_rows`)."""
+    if targets is not None:
+        check_inputs(logits, targets, weight)
+    lse = targets is None
     x = row_major(logits)
     t, v = x.shape
     dev = x.device
@@ -264,16 +282,17 @@ def token_logprobs_triton(logits, targets, weight=None, bias=None, temperature=1
             if proj:
                 z.zero_()
         with device_guard(dev):
+            tgt = x if lse else targets  # not read when LSE
             _logprob_kernel[(n_rp, split)](
-                x_ptr=x, stride_x=x.stride(0), tgt_ptr=targets, out_ptr=out, part_ptr=part, w_ptr=w,
+                x_ptr=x, stride_x=x.stride(0), tgt_ptr=tgt, out_ptr=out, part_ptr=part, w_ptr=w,
                 stride_w=w.stride(0), z_ptr=z, T=t, V=v, V_PER_SPLIT=v_per, inv_temp=1.0 / temperature,
-                SPLIT=split_p2 if split > 1 else 1, PROJ_ROWS=proj, BLOCK_T=block_t, BLOCK_V=block_v,
+                SPLIT=split_p2 if split > 1 else 1, PROJ_ROWS=proj, LSE=lse, BLOCK_T=block_t, BLOCK_V=block_v,
                 NUM_STAGES=num_stages, num_warps=num_warps,
             )
             if split > 1:
                 _combine_kernel[(triton.cdiv(t, COMBINE_BLOCK_T),)](
-                    x_ptr=x, stride_x=x.stride(0), tgt_ptr=targets, out_ptr=out, part_ptr=part, T=t, V=v,
-                    n_split=split, inv_temp=1.0 / temperature, SPLIT=split_p2, BLOCK_T=COMBINE_BLOCK_T,
+                    x_ptr=x, stride_x=x.stride(0), tgt_ptr=tgt, out_ptr=out, part_ptr=part, T=t, V=v,
+                    n_split=split, inv_temp=1.0 / temperature, SPLIT=split_p2, LSE=lse, BLOCK_T=COMBINE_BLOCK_T,
                 )
     if weight is None:
         return out
@@ -309,3 +328,30 @@ def token_logprobs(
     if which == "native" and weight is None:
         return native_module().token_logprobs(row_major(logits), targets.long().contiguous(), float(temperature))
     return token_logprobs_reference(logits, targets, weight, bias, temperature)
+
+
+def logsumexp_rows_reference(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Materialising reference: ``torch.logsumexp(logits.float() / temperature, -1)`` (NaN for a row of
+    all ``-inf``, where every log-prob of the row is NaN)."""
+    x = logits.float()
+    out = torch.logsumexp(x / temperature if temperature != 1.0 else x, dim=-1)
+    return torch.where(torch.isneginf(out), float("nan"), out)
+
+
+def logsumexp_rows(logits: torch.Tensor, temperature: float = 1.0, backend: str = "auto") -> torch.Tensor:
+    """``logsumexp(logits[t] / temperature)`` per row: ``[T]`` float32, one read of the logits and O(T)
+    memory on the Triton path (the reduction of :func:`token_logprobs`); ``x[t, j] / temperature - out[t]``
+    is then the log-prob of any token ``j``.
+
+    Args:
+        logits: ``[T, V]`` bf16/fp16/fp32, any row stride.
+        backend: see :mod:`swift_fast.kernels._dispatch` (no native CPU kernel: the reference there).
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [T, V], got shape {tuple(logits.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    which = resolve(backend, logits.device, "token_logprobs", logits.dtype)
+    if which == "triton":
+        return token_logprobs_triton(logits, None, temperature=temperature)
+    return logsumexp_rows_reference(logits, temperature)

@@ -15,7 +15,7 @@ Data path (vLLM 0.32, V1 model runner)
 --------------------------------------
 1. Start-up (front end, ``create_engine_config``): the head is loaded and checked against the
    model (``SwiftHead.check_model``: an error names head and model), ``emitted`` heads,
-   speculative decoding and pipeline parallelism are refused (below), and the head file's
+   speculative decoding, micro-batching and pipeline parallelism are refused (below), and the head file's
    digest is written into the config, so vLLM's compile cache (keyed on ``additional_config``)
    never reuses a graph built for another head. On GPUs that would use Model Runner V2, the
    V1 runner is selected (``VLLM_USE_V2_MODEL_RUNNER=0``), because the step bookkeeping hooks it.
@@ -38,7 +38,9 @@ Data path (vLLM 0.32, V1 model runner)
 5. Front end (:mod:`.frontend`, wraps the engine's ``OutputProcessor``): the values are popped
    (users never see the key) and summed per request exactly for the tokens appended to the
    output; ``CompletionOutput`` gets ``swift_score``, ``swift_tokens`` and ``sar``. SAR holds a
-   finished candidate back, runs its question-removed pass through the engine, then releases it.
+   finished candidate back, runs its question-removed pass through the engine, then releases it;
+   each request's question-removed context comes from :mod:`.contexts` (its own chat rendered
+   with the question emptied, an explicit context, or the BOS default).
 6. Server (:mod:`.serving`): OpenAI completion and chat responses carry each choice's scores;
    ``"best_of_n": N`` returns the best of N candidates.
 
@@ -57,8 +59,10 @@ generated token as an input, which vLLM never computes (it stops at that token),
 forward per finished sequence cannot be added without a second pass per candidate; score such
 heads offline with ``swift_fast.hf.swift_scores``.
 
-Limits: V1 model runner only; no speculative decoding, no pipeline parallelism; models laid out
-as ``model.model.layers`` + ``model.model.norm`` (Llama, Qwen2/3, Mistral and kin).
+Limits: V1 model runner only; no speculative decoding, no pipeline parallelism, no dual-batch
+overlap / micro-batching (refused at start-up); beam search runs unscored; models laid out as
+``model.model.layers`` + ``model.model.norm`` (Llama, Qwen2/3, Mistral and kin). Tested with
+vLLM 0.32 (:data:`TESTED_VLLM`; another version starts with a warning).
 """
 
 from __future__ import annotations

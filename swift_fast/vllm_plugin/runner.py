@@ -47,8 +47,7 @@ class _Step:
     req_ids: list[str]
     values: torch.Tensor  # [n, NCOLS] on the model's device
     report: list[int]  # rows reported this step
-    sar_rows: Any = None  # device LongTensor: rows whose sampled token's log-prob is wanted
-    sar_logits: Any = None  # pristine logits of those rows
+    sar: Any = None  # sar_worker.SampledRows: what the sampled tokens' log-probs need
 
 
 class RunnerScoring:
@@ -82,6 +81,7 @@ class RunnerScoring:
     def _wrap(self) -> None:
         r = self.runner
         orig_execute, orig_sample_tokens, orig_sample = r.execute_model, r.sample_tokens, r._sample
+        orig_dummy_sampler = r._dummy_sampler_run
         scoring = self
 
         def execute_model(self_, scheduler_output, intermediate_tensors=None):
@@ -106,7 +106,14 @@ class RunnerScoring:
                 scoring._attach(step, out)
             return out
 
+        def _dummy_sampler_run(self_, hidden_states, *args, **kwargs):
+            out = orig_dummy_sampler(hidden_states, *args, **kwargs)
+            if scoring.sar is not None:
+                scoring.sar.profile(hidden_states)  # memory profiling: SAR's peak is measured too
+            return out
+
         r.execute_model = types.MethodType(execute_model, r)
+        r._dummy_sampler_run = types.MethodType(_dummy_sampler_run, r)
         r._sample = types.MethodType(_sample, r)
         r.sample_tokens = types.MethodType(sample_tokens, r)
 
@@ -140,7 +147,7 @@ class RunnerScoring:
         if score_rows:
             self._swift(st, qsl, score_rows, values)
             if self.sar is not None:
-                step.sar_rows, step.sar_logits = self.sar.keep_rows(st.logits, score_rows)
+                step.sar = self.sar.keep_rows(st.logits, score_rows)
         if pass_rows:
             computed = ib.num_computed_tokens_cpu[:n]
             self.sar.passes(st, values, [
@@ -170,8 +177,8 @@ class RunnerScoring:
         self.state[:n].zero_()
 
     def _attach(self, step: _Step, out) -> None:
-        if step.sar_rows is not None and self._sampled is not None:
-            self.sar.sampled_logprobs(step.values, step.sar_rows, step.sar_logits, self._sampled)
+        if step.sar is not None and self._sampled is not None:
+            self.sar.sampled_logprobs(step.values, step.sar, self._sampled)
         target = getattr(out, "_model_runner_output", out)
         if not step.report or target is None or not hasattr(target, "req_id_to_index"):
             return
