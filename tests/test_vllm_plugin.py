@@ -436,8 +436,10 @@ def test_abort_while_sar_pass_runs_leaves_nothing_behind(llama):
         if fe.pass_of:
             break
     assert fe.pass_of, "the finished candidate is held while its SAR pass runs"
+    # the pass (BOS + 2 answer tokens, all prefill) counts in vLLM's queued-token admission control
+    assert list(fe.pass_tokens.values()) == [3] and eng.output_processor.get_num_queued_tokens() >= 3
     eng.abort_request(["held"])
-    assert not fe.pass_of and not fe.passes
+    assert not fe.pass_of and not fe.passes and not fe.pass_tokens
     while eng.has_unfinished_requests():
         for out in eng.step():
             if out.finished:
@@ -586,7 +588,8 @@ def test_memory_stays_flat_over_many_requests(llama):
     assert w2["installed"] and w2["requests"] == 0 and w2["requests_with_plugin_data"] == 0
     assert w2["buffer_bytes"] == w1["buffer_bytes"] > 0
     assert live1 == live2 == 0
-    assert not fe.passes and not fe.pass_of and not fe.to_release and not eng.output_processor.request_states
+    assert not fe.passes and not fe.pass_of and not fe.pass_tokens and not fe.to_release
+    assert not eng.output_processor.request_states
     # 64 candidates x 6 tokens: keeping even one float per token would add > 9 KB a round
     assert w2["traced_bytes"] - w1["traced_bytes"] < 2048, (w1, w2)
     assert f2 - f1 < 2048, (f1, f2)

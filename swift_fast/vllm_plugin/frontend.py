@@ -117,6 +117,7 @@ class FrontEnd:
         self.passes_submitted = 0  # question-removed passes sent to the engine (diagnostics)
         self.passes: dict[str, Any] = {}  # pass request id -> candidate RequestState
         self.pass_of: dict[str, str] = {}  # candidate request id -> pass request id
+        self.pass_tokens: dict[str, int] = {}  # pass request id -> its prompt tokens (q0 + answer)
         self.to_release: list = []
         self._tasks: set = set()
         _patch_request_state()
@@ -155,12 +156,21 @@ class FrontEnd:
             ids = orig_abort(request_ids, internal)
             extra = []
             for rid in ids:
-                pid = fe.pass_of.pop(rid, None)
+                pid = fe.pass_of.get(rid)
                 if pid is not None:
-                    fe.passes.pop(pid, None)
+                    fe._forget_pass(pid)
                     extra.append(pid)
             return list(ids) + extra
 
+        orig_queued = op.get_num_queued_tokens
+
+        def get_num_queued_tokens(self_):
+            # vLLM's admission control (max_num_queued_tokens) counts prompt tokens still in
+            # prefill; a SAR pass is all prefill. Its request slot is already counted: the held
+            # candidate stays registered until the pass is back.
+            return orig_queued() + sum(fe.pass_tokens.values())
+
+        op.get_num_queued_tokens = types.MethodType(get_num_queued_tokens, op)
         op.add_request = types.MethodType(add_request, op)
         op.process_outputs = types.MethodType(process_outputs, op)
         op._finish_request = types.MethodType(_finish_request, op)
@@ -236,6 +246,7 @@ class FrontEnd:
             return
         self.passes[req.request_id] = rs
         self.pass_of[rs.request_id] = req.request_id
+        self.pass_tokens[req.request_id] = len(q0) + len(answer)
         self.passes_submitted += 1
         if self.is_async:
             task = asyncio.get_running_loop().create_task(self.engine_core.add_request_async(req))
@@ -255,6 +266,7 @@ class FrontEnd:
 
     def _forget_pass(self, pass_id: str):
         rs = self.passes.pop(pass_id, None)
+        self.pass_tokens.pop(pass_id, None)
         if rs is not None:
             self.pass_of.pop(rs.request_id, None)
         return rs
@@ -291,8 +303,7 @@ class FrontEnd:
         return req
 
     def _pass_done(self, pass_id: str, rs, v: Values | None, finish_reason) -> None:
-        self.passes.pop(pass_id, None)
-        self.pass_of.pop(rs.request_id, None)
+        self._forget_pass(pass_id)
         acc = rs._swift_fast
         if v is None or v.logp_tokens <= 0 or acc.lpn <= 0:
             logger.warning(
