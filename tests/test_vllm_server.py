@@ -192,6 +192,19 @@ def test_best_of_n_misuse_is_a_400_that_says_why(server, body, match):
         client.completions.create(model=path, prompt="2+2=", max_tokens=4, extra_body=body, **kw)
 
 
+def test_a_sar_pass_the_engine_refuses_answers_with_sar_null(server):
+    """q0 + answer over max_model_len (256): the choice comes back at once, scored, with sar null."""
+    client, path, head, ref, _ = server
+    prompt = ref.prompt(TEXTS[0])
+    r = client.completions.create(model=path, prompt=prompt, max_tokens=8, temperature=1.0,
+                                  extra_body={"return_token_ids": True, "ignore_eos": True,
+                                              "sar_context": [ref.tok.bos_token_id] * 250}, timeout=120)
+    (c,) = r.choices
+    assert _extra(c, "sar") is None and _extra(c, "sar_context") == "request"
+    ids = list(_extra(c, "token_ids"))
+    assert _extra(c, "swift_score") == pytest.approx(float(ref.swift(head, [prompt], [ids])[0]), rel=RTOL, abs=ATOL)
+
+
 def test_endpoints_without_scores_refuse_best_of_n_by_name(server):
     import json
 
@@ -219,6 +232,10 @@ def test_serve_command_line_merges_the_head_into_additional_config(monkeypatch):
     import json
 
     assert json.loads(argv[5]) == {"other": 1, "swift_fast": {"head": "h.safetensors", "sar": True, "select": "rank"}}
+    args = build_parser().parse_args(["serve", "--head", "h.safetensors", "--sar", "--sar-context", "Answer:",
+                                      "--max-best-of-n", "8", "M"])
+    assert json.loads(vllm_argv(args)[3]) == {"swift_fast": {"head": "h.safetensors", "sar": True, "select": "swift",
+                                                             "sar_context": "Answer:", "max_best_of_n": 8}}
     args = build_parser().parse_args(["serve", "--head", "h.safetensors", "--select", "sar", "M"])
     with pytest.raises(ValueError, match="sar"):
         vllm_argv(args)
