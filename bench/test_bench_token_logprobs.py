@@ -138,3 +138,22 @@ def test_from_hidden(bench, hidden_case, impl):
     else:
         fn = lambda: log_softmax_gather(c["hidden"] @ c["lm_head"].T, c["y"])  # noqa: E731 - the call to time, by impl
     bench(fn, group=c["group"], impl=impl, bytes_read=c["bytes"], rounds=5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("impl", ["row logsumexp, then the sampled logit", "copy the rows, then token_logprobs"])
+def test_plugin_step_sampled_logprobs(bench, case, impl):
+    """What the vLLM plugin's SAR costs a step for a row's sampled token: the fused row logsumexp before
+    sampling and one gathered logit after (O(rows) memory), against copying the rows' logits to float32
+    before the sampler edits them and reducing the copy (what float32 logits still need)."""
+    c = case
+    if c["rows"] > 256:
+        pytest.skip("a decode step's rows")
+    x, y = c["x"], c["y"]
+    rows = torch.arange(x.shape[0], device=DEVICE)
+    if impl.startswith("row"):
+        fn = lambda: x[rows, y].float() - tlp.logsumexp_rows(x)  # noqa: E731 - the call to time, by impl
+    else:
+        fn = lambda: tlp.token_logprobs(x.index_select(0, rows).float(), y)  # noqa: E731 - the call to time, by impl
+    torch.testing.assert_close(fn(), tlp.token_logprobs(x, y), atol=1e-4, rtol=1e-5)
+    bench(fn, group=f"plugin step: sampled-token log-probs {c['rows']}x{V}", impl=impl, bytes_read=c["bytes"])
