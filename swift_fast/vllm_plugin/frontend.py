@@ -284,6 +284,7 @@ class FrontEnd:
 
     def _pass_request(self, rs, q0: list[int], answer: list[int]):
         from vllm import SamplingParams
+        from vllm.inputs.engine import tokens_input
 
         params = SamplingParams(
             max_tokens=1,
@@ -294,7 +295,7 @@ class FrontEnd:
         )
         req = self.input_processor.process_inputs(
             f"swift-fast-sar-{rs.request_id}",
-            {"prompt_token_ids": q0 + answer},
+            tokens_input(q0 + answer),  # already token ids: nothing to render
             params,
             supported_tasks=("generate",),
             lora_request=rs.lora_request,
