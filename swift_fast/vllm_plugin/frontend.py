@@ -261,7 +261,13 @@ class FrontEnd:
                 self.to_release.append(rs)
 
     def _no_pass(self, rs, e: Exception) -> None:
-        logger.warning("swift-fast: no SAR for request %s (sar is None): %s", rs.external_req_id, e)
+        # once per kind of failure: a server refusing many passes must not flood its log
+        self.warn_once(
+            "no-pass:" + type(e).__name__,
+            "swift-fast: no SAR pass for request %s, its sar is None: %s (later requests failing the same way "
+            "are logged at debug level)", rs.external_req_id, e,
+        )
+        logger.debug("swift-fast: no SAR pass for request %s: %s", rs.external_req_id, e)
         rs._swift_fast.sar = None
 
     def _forget_pass(self, pass_id: str):
