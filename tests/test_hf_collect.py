@@ -37,6 +37,9 @@ def _check_rollouts(path, tok, n, max_new):
         msgs = render_prompt({"question": row["prompt"]})
         want = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
         assert p.prompt_token_ids == list(want) and p.question == row["prompt"] and p.reference == row["answer"]
+        # SAR's question-removed prompt: the paper's templates have no system turn, so the user turn emptied
+        q0 = tok.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True, return_dict=False)
+        assert p.extra["sar_context_token_ids"] == list(q0)
         assert len(p.candidates) == n
         for c in p.candidates:
             ids = c["token_ids"]
@@ -83,6 +86,46 @@ def test_collect_with_transformers_resumes_after_an_interruption(tmp_path_factor
     # per-problem seeds: the resumed file is the uninterrupted one
     assert [p.to_json() for p in problems] == [p.to_json() for p in read_rollouts(full)]
     assert problems[0].extra["sampling"] == {"n": 4, "temperature": 1.0, "top_p": 0.9, "max_new_tokens": 12, "seed": 3}
+
+
+def test_score_sar_uses_the_question_removed_prompt_collect_recorded(tmp_path_factory, data_file, tmp_path, capsys):
+    from hf_fixtures import random_head
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from swift_fast.cli import main
+    from swift_fast.datasets import load_dataset
+    from swift_fast.hf import sar_rewards
+    from swift_fast.hf.collect import CollectConfig, HFEngine, collect
+    from swift_fast.rollouts import write_rollouts
+
+    path = eos_prone_model_dir(tmp_path_factory)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    rollouts = tmp_path / "r.jsonl"
+    collect(HFEngine(model, tok), tok, load_dataset(data_file), rollouts,
+            CollectConfig(n=2, max_new_tokens=8, seed=5, grade_timeout=None), progress=False)
+    head = random_head(model.config.hidden_size, [1], "predicting")
+    head.bind_model(model.config, name=path)
+    head.save(tmp_path / "h.safetensors")
+    out = tmp_path / "scored.jsonl"
+    args = ["score", "--model", path, "--head", str(tmp_path / "h.safetensors"), "--rollouts", str(rollouts),
+            "--out", str(out), "--sar", "--no-progress", "--dtype", "float32"]
+    assert main(args) == 0
+    problems = read_rollouts(out)
+    P = [p.prompt_token_ids for p in problems for _ in p.candidates]
+    R = [c["token_ids"] for p in problems for c in p.candidates]
+    q0 = list(tok.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True, return_dict=False))
+    want = sar_rewards(model, tok, P, R, contexts=[q0] * len(P))
+    got = torch.tensor([c["sar"] for p in problems for c in p.candidates])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # rollouts without the recorded context: --sar refuses, naming the field and the problem
+    for p in problems:
+        p.extra.pop("sar_context_token_ids")
+    old = tmp_path / "old.jsonl"
+    write_rollouts(old, problems)
+    capsys.readouterr()
+    assert main(args[:6] + [str(old), "--out", str(tmp_path / "o.jsonl"), "--sar", "--no-progress"]) == 2
+    assert "sar_context_token_ids" in capsys.readouterr().err
 
 
 @pytest.mark.slow
