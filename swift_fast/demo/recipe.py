@@ -47,6 +47,8 @@ class Recipe:
     top_p: float = 0.9
     max_new_tokens: int = 160
     head: HeadRecipe = field(default_factory=HeadRecipe)
+    # the system prompt of the demo's generation prompts (none); SAR's question-removed prompt is
+    # the same chat with the user turn emptied. Kept under this name: the shipped provenance has it.
     sar_system_prompt: str | None = SYSTEM_PROMPT
 
     def to_dict(self) -> dict:

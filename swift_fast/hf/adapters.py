@@ -17,8 +17,9 @@ TRL (``GRPOTrainer``)
     the generation prompt and ``chat_template_kwargs``; text: the tokenizer's default call), and
     responses are ``completion_ids``: nothing is re-tokenised from decoded text. SAR's
     question-removed prompt of a conversational prompt is the same messages with the last user
-    message emptied; a text prompt has no question boundary and gets the BOS default
-    (``swift_fast.sar_context``).
+    message emptied. A text prompt has no question boundary: give a ``sar_context`` dataset column
+    (token ids or text, per row), else it gets the BOS default (``swift_fast.sar_context``), and
+    the reward refuses to run when that does not exist either.
 
 VERL (``RayPPOTrainer``)
     VERL computes ``old_log_probs`` = log P(a | q) for every response token in
@@ -81,8 +82,14 @@ def trl_sar_reward(
     tokenised once, without special tokens: prefer a TRL that passes ids.
     """
 
-    def reward(prompts, completions, completion_ids=None, **kwargs):
+    def reward(prompts, completions, completion_ids=None, sar_context=None, **kwargs):
         ps = [_trl_prompt(tokenizer, p) for p in prompts]
+        if sar_context is None and tokenizer.bos_token_id is None and any(not isinstance(p[0], dict) for p in ps):
+            raise ValueError(
+                "SAR of a text prompt needs its question-removed context: add a 'sar_context' column to the "
+                "dataset (the prompt with the question removed, as token ids or text), or use conversational "
+                "prompts; this tokenizer has no BOS token to stand for it"
+            )
         if completion_ids is None:
             r_ids = response_token_ids(tokenizer, [_completion_text(c) for c in completions])
         else:
@@ -90,7 +97,7 @@ def trl_sar_reward(
         was_training = model.training
         model.eval()
         try:
-            r = sar_rewards(model, tokenizer, ps, r_ids, batch_size=batch_size,
+            r = sar_rewards(model, tokenizer, ps, r_ids, contexts=sar_context, batch_size=batch_size,
                             chat_template_kwargs=chat_template_kwargs)
         finally:
             model.train(was_training)
@@ -125,7 +132,13 @@ def verl_question_removed_batch(
         real tokens, VERL's cumsum rule) and ``response_mask``: what ``compute_log_prob`` reads.
     """
     b = responses.shape[0]
-    prompts_in = list(messages) if messages is not None else [[0]] * b  # placeholders: not messages
+    if messages is not None:
+        prompts_in = [list(m) for m in messages]  # numpy object rows included
+        bad = [i for i, m in enumerate(prompts_in) if not m or not all(isinstance(x, dict) for x in m)]
+        if bad:
+            raise ValueError(f"messages[{bad[0]}] is not a chat conversation (a list of {{'role', 'content'}} dicts)")
+    else:
+        prompts_in = [[0]] * b  # token-id placeholders: each row then takes its context, or the BOS default
     if len(prompts_in) != b:
         raise ValueError(f"{b} responses but {len(prompts_in)} conversations")
     q0s, _ = question_removed_contexts(tokenizer, prompts_in, contexts, chat_template_kwargs)

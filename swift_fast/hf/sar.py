@@ -29,9 +29,6 @@ from ..sar_context import (
 from .features import as_token_lists
 from .logprobs import response_logprobs
 
-#: the chat rendering of a prompt given as messages (kept under its historical name)
-chat_token_ids = chat_ids
-
 
 def _is_messages(p) -> bool:
     return isinstance(p, (list, tuple)) and bool(p) and isinstance(p[0], dict)

@@ -273,7 +273,7 @@ def token_logprobs_triton(logits, targets, weight=None, bias=None, temperature=1
     v_per = triton.cdiv(triton.cdiv(v, split), block_v) * block_v
     split = triton.cdiv(v, v_per) if v > 0 else 1  # no empty trailing split
     split_p2 = next_pow2(split)
-    z = torch.empty(t, split_p2, max(proj, 1), dtype=torch.float32, device=dev)
+    z = torch.empty(t, split_p2, proj, dtype=torch.float32, device=dev) if proj else out  # not written when 0
     if t > 0:
         if split == 1:
             part = out
@@ -282,7 +282,8 @@ def token_logprobs_triton(logits, targets, weight=None, bias=None, temperature=1
             if proj:
                 z.zero_()
         with device_guard(dev):
-            tgt = x if lse else targets  # not read when LSE
+            # never read in LSE mode; an int64 pointer keeps the kernel's one compiled specialisation
+            tgt = torch.empty(1, dtype=torch.int64, device=dev) if lse else targets
             _logprob_kernel[(n_rp, split)](
                 x_ptr=x, stride_x=x.stride(0), tgt_ptr=tgt, out_ptr=out, part_ptr=part, w_ptr=w,
                 stride_w=w.stride(0), z_ptr=z, T=t, V=v, V_PER_SPLIT=v_per, inv_temp=1.0 / temperature,

@@ -8,8 +8,8 @@ Keys:
     also compute the self-aligned reward of every finished candidate.
 ``sar_context`` (default ``null``: the tokenizer's BOS token)
     the question-removed context ``q0`` of a raw prompt (``LLM.generate``, ``/v1/completions``)
-    that brings none of its own: token ids, or text tokenised as vLLM tokenises a prompt. Chat
-    requests never use it (:mod:`swift_fast.sar_context`).
+    that brings none of its own: token ids, or text taken exactly as written (no special tokens
+    added). Chat requests never use it (:mod:`swift_fast.sar_context`).
 ``select`` (default ``"swift"``)
     what server-side Best-of-N (``"best_of_n": N`` in a request body) ranks by: ``"swift"``,
     ``"sar"``, ``"rank"`` or ``"scaled"`` (the two combinations of SWIFT and SAR).
@@ -23,7 +23,8 @@ dict, so the server also takes the flat keys in brackets):
 
 - ``{"swift_fast": {"score": False}}`` (``"swift_fast_score": false``) opts the request out of scoring;
 - ``{"swift_fast": {"sar_context": ...}}`` (``"swift_fast_sar_context"``, or a ``"sar_context"``
-  body field) gives the question-removed context of a raw prompt: token ids or text.
+  body field) gives the request's question-removed context: token ids or text (it wins over the
+  context a chat request would get; for a raw prompt it is the only exact one).
 """
 
 from __future__ import annotations

@@ -11,19 +11,24 @@ until the engine's ``InputProcessor.process_inputs`` (wrapped on the instance; i
 ``process_inputs_async`` is rebuilt on the wrapper, since vLLM binds it at construction) pops
 them before vLLM reads the input.
 
-Raw prompts. An explicit context per request (``extra_args``, see :mod:`.config`) wins, even
-over a chat context; it is checked in ``process_inputs``, so a malformed one fails the request
-at once (a 400 on the server). Else the engine's ``sar_context``, else the tokenizer's BOS.
+Raw prompts. An explicit context per request (``extra_args``, see :mod:`.config`) wins over
+everything, a chat rendering included; it is checked in ``process_inputs`` (token ids inside the
+vocabulary, text tokenised as written, never empty), so a malformed one fails the request at once
+(the server answers 400 before that). Else the engine's ``sar_context``, else the tokenizer's BOS.
 
 The outcome is stored once, in the request's own cloned ``SamplingParams.extra_args`` under
 :data:`RESOLVED` (ids, source, and why there is none), which ``n > 1`` children share and the
-front end reads when it builds the SAR pass. Conversations that cannot give a ``q0`` (no user
-message, multimodal inputs, a template that fails on an empty message) get none: their SAR is
-None, with the reason logged, never a score against a wrong context.
+front end reads when it builds the SAR pass (it also reaches the engine core and workers with the
+request's other arguments: once per request, a few hundred bytes). Conversations that cannot give
+a ``q0`` (no user message, multimodal inputs, a template that fails on an empty message) get none:
+their SAR is None, with the reason logged, never a score against a wrong context. The
+question-removed renderings of a batch of conversations are made in one call (concurrently on
+the server), after the request's own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -32,18 +37,19 @@ from ..sar_context import (
     DEFAULT,
     REQUEST,
     ContextError,
+    default_context_ids,
     explicit_context_ids,
     missing_context_message,
     question_removed_messages,
 )
-from .config import KEY, PluginConfig
+from .config import KEY, PluginConfig, PluginConfigError
 
 logger = logging.getLogger("swift_fast.vllm_plugin")
 
 #: engine-input key carrying a chat request's rendered ``q0`` (or the reason it has none)
 CHAT_INPUT = "_swift_fast_q0"
 #: ``extra_args`` key of the resolved context: ``{"ids": [...] | None, "source": str, "why": str | None}``
-RESOLVED = "_swift_fast_q0"
+RESOLVED = "_swift_fast_context"
 #: flat ``extra_args`` key of an explicit context (what ``vllm_xargs`` can carry)
 FLAT = "swift_fast_sar_context"
 
@@ -57,27 +63,52 @@ def explicit_context(extra: dict | None) -> Any:
     return extra.get(FLAT)
 
 
+def _is_sar_pass(extra: dict | None) -> bool:
+    own = (extra or {}).get(KEY)
+    return isinstance(own, dict) and "sar_pass" in own
+
+
+def _text_only(conversation) -> bool:
+    """Whether every message's content is text (a string, or parts that are all text)."""
+    for m in conversation:
+        content = m.get("content") if isinstance(m, dict) else getattr(m, "content", None)
+        if isinstance(content, (list, tuple)) and any(
+            (p.get("type") if isinstance(p, dict) else getattr(p, "type", None)) != "text" for p in content
+        ):
+            return False
+    return True
+
+
+_NOT_TEXT = "SAR's question-removed pass takes text-only conversations (this one has other inputs)"
+
+
 class Contexts:
     """Installed on one engine's renderer and input processor (SAR on)."""
 
     def __init__(self, engine, cfg: PluginConfig):
         self.input_processor = engine.input_processor
         self.tokenizer = self.input_processor.tokenizer
+        self.vocab_size = engine.vllm_config.model_config.get_vocab_size()
         if cfg.sar_context is None:
-            bos = getattr(self.tokenizer, "bos_token_id", None)
-            ids = [int(bos)] if bos is not None else []
+            ids = default_context_ids(self.tokenizer)
         else:
-            ids = explicit_context_ids(
-                list(cfg.sar_context) if isinstance(cfg.sar_context, tuple) else cfg.sar_context,
-                self.encode, what=f'additional_config["{KEY}"]["sar_context"]',
-            )
+            given = list(cfg.sar_context) if isinstance(cfg.sar_context, tuple) else cfg.sar_context
+            try:
+                ids = self.ids(given, what=f'additional_config["{KEY}"]["sar_context"]')
+            except ContextError as e:
+                raise PluginConfigError(str(e)) from e
         self.default = self._record(ids, DEFAULT)
         self._wrap_renderer(engine.renderer)
         self._wrap_input_processor()
 
     def encode(self, text: str) -> list[int]:
-        """Text as vLLM tokenises a completion prompt (the tokenizer's special tokens added)."""
-        return list(self.tokenizer.encode(text))
+        """A context given as text, tokenised exactly as written (no special tokens added: a rendered
+        prompt's text already holds them), as the Hugging Face path does."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def ids(self, given: Any, what: str = "sar_context") -> list[int]:
+        """The token ids of an explicit context (``ContextError`` when it cannot be one)."""
+        return explicit_context_ids(given, self.encode, what=what, vocab_size=self.vocab_size)
 
     @staticmethod
     def _record(ids, source: str, why: str | None = None) -> dict:
@@ -90,7 +121,7 @@ class Contexts:
     def _ids_of(engine_input) -> list[int] | str:
         """The ``q0`` ids of a rendered question-removed conversation, or why it cannot be used."""
         if engine_input.get("type") not in (None, "token") or "prompt_token_ids" not in engine_input:
-            return "SAR's question-removed pass takes text-only conversations (this one has other inputs)"
+            return _NOT_TEXT
         return [int(t) for t in engine_input["prompt_token_ids"]]
 
     @staticmethod
@@ -103,24 +134,50 @@ class Contexts:
         orig, orig_async = renderer.render_chat, renderer.render_chat_async
         ctx = self
 
+        def plan(conversations) -> tuple[dict, list[int], list]:
+            """``(reasons, where, todo)``: why each conversation that cannot give a ``q0`` cannot, and
+            the question-removed conversations to render with their positions."""
+            reasons, where, todo = {}, [], []
+            for i, conv in enumerate(conversations):
+                if not _text_only(conv):
+                    reasons[i] = _NOT_TEXT
+                    continue
+                try:
+                    todo.append(question_removed_messages(conv))
+                    where.append(i)
+                except ContextError as e:
+                    reasons[i] = str(e)
+            return reasons, where, todo
+
         def render_chat(conversations, chat_params, tok_params=None, **kwargs):
             convs, engine_inputs = orig(conversations, chat_params, tok_params, **kwargs)
-            for conv, eng in zip(conversations, engine_inputs):
-                try:
-                    (q0,) = orig([question_removed_messages(conv)], chat_params, tok_params, **kwargs)[1]
-                    eng[CHAT_INPUT] = ctx._ids_of(q0)
-                except Exception as e:  # this request gets no SAR; it is still served
-                    eng[CHAT_INPUT] = ctx._failure(e)
+            found, where, todo = plan(conversations)
+            if todo:
+                try:  # one batched rendering; one by one only when it fails, to name the one that did
+                    found.update(zip(where, map(ctx._ids_of, orig(todo, chat_params, tok_params, **kwargs)[1])))
+                except Exception:
+                    for i, conv in zip(where, todo):
+                        try:
+                            found[i] = ctx._ids_of(orig([conv], chat_params, tok_params, **kwargs)[1][0])
+                        except Exception as e:  # this request gets no SAR; it is still served
+                            found[i] = ctx._failure(e)
+            for i, eng in enumerate(engine_inputs):
+                eng[CHAT_INPUT] = found[i]
             return convs, engine_inputs
 
         async def render_chat_async(conversations, chat_params, tok_params=None, **kwargs):
             convs, engine_inputs = await orig_async(conversations, chat_params, tok_params, **kwargs)
-            for conv, eng in zip(conversations, engine_inputs):
+            found, where, todo = plan(conversations)
+
+            async def one(conv):
                 try:
-                    (q0,) = (await orig_async([question_removed_messages(conv)], chat_params, tok_params, **kwargs))[1]
-                    eng[CHAT_INPUT] = ctx._ids_of(q0)
+                    return ctx._ids_of((await orig_async([conv], chat_params, tok_params, **kwargs))[1][0])
                 except Exception as e:
-                    eng[CHAT_INPUT] = ctx._failure(e)
+                    return ctx._failure(e)
+
+            found.update(zip(where, await asyncio.gather(*(one(c) for c in todo))))
+            for i, eng in enumerate(engine_inputs):
+                eng[CHAT_INPUT] = found[i]
             return convs, engine_inputs
 
         renderer.render_chat = render_chat
@@ -132,7 +189,7 @@ class Contexts:
         chat rendering's, else the engine default."""
         given = explicit_context(extra)
         if given is not None:
-            return self._record(explicit_context_ids(given, self.encode), REQUEST)
+            return self._record(self.ids(given), REQUEST)
         if isinstance(chat, list):
             return self._record(chat, CHAT)
         if isinstance(chat, str):
@@ -149,7 +206,9 @@ class Contexts:
 
         def process_inputs(request_id, prompt, params, *args, **kwargs):
             chat = prompt.pop(CHAT_INPUT, None) if isinstance(prompt, dict) else None
-            rec = ctx.record_for(chat, params.extra_args) if isinstance(params, SamplingParams) else None
+            rec = None
+            if isinstance(params, SamplingParams) and not _is_sar_pass(params.extra_args):
+                rec = ctx.record_for(chat, params.extra_args)
             req = orig(request_id, prompt, params, *args, **kwargs)
             sp = getattr(req, "sampling_params", None)
             if rec is not None and sp is not None and sp is not params:  # vLLM's clone: this request's own

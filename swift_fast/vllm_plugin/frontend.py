@@ -41,6 +41,7 @@ import types
 from typing import Any
 
 from ..definitions import GATE_EPS
+from ..sar_context import DEFAULT
 from . import transport
 from .config import KEY, SCORE, PluginConfig, request_kind
 from .contexts import context_of
@@ -108,6 +109,7 @@ class FrontEnd:
         self.op = engine.output_processor
         self.engine_core = engine.engine_core
         self.input_processor = engine.input_processor
+        self.max_model_len = engine.vllm_config.model_config.max_model_len
         self.contexts = None
         if cfg.sar:
             from .contexts import Contexts
@@ -232,10 +234,30 @@ class FrontEnd:
             acc.sar = 0.0  # no answer token: no evidence either way (swift_fast.sar)
             self.to_release.append(rs)
             return
-        q0 = acc.context["ids"] if acc.context else None
+        context = acc.context or {"ids": None, "source": DEFAULT, "why": "no question-removed context"}
+        q0 = context["ids"]
         if not q0:
-            why = (acc.context or {}).get("why") or "no question-removed context"
-            self.warn_once("no-q0:" + why, "swift-fast: sar is None for request %s: %s", rs.external_req_id, why)
+            self.warn_once(
+                "no-q0:" + context["source"],
+                "swift-fast: sar is None for request %s: %s (later requests without a %s context are logged at "
+                "debug level)", rs.external_req_id, context["why"], context["source"],
+            )
+            logger.debug("swift-fast: sar is None for request %s: %s", rs.external_req_id, context["why"])
+            self.to_release.append(rs)
+            return
+        if context["source"] == DEFAULT:
+            self.warn_once(
+                "default",
+                "swift-fast: request %s is a raw prompt without a question-removed context of its own: its SAR "
+                "conditions the answer on the engine default (%d token(s); sar_context 'default'). For a prompt "
+                "rendered from a chat, pass the same chat with the user turn emptied as sar_context.",
+                rs.external_req_id, len(q0),
+            )
+        if len(q0) + len(answer) > self.max_model_len:
+            self._no_pass(rs, ValueError(
+                f"the question-removed pass needs {len(q0)} context + {len(answer)} answer tokens, over "
+                f"max_model_len {self.max_model_len}: give a shorter sar_context or a larger --max-model-len"
+            ))
             self.to_release.append(rs)
             return
         try:

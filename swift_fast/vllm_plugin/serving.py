@@ -124,21 +124,24 @@ class _Params:
         self.extra_args = extra_args
 
 
-def _move_sar_context(request) -> str | None:
+def _move_sar_context(request, fe) -> str | None:
     """The ``sar_context`` body field into ``vllm_xargs`` (which reach ``SamplingParams.extra_args``);
-    the error message when it is malformed."""
-    from ..sar_context import ContextError, explicit_context_ids
+    the error message when it is malformed or SAR is off."""
+    from ..sar_context import ContextError
     from .contexts import FLAT
 
     extra = getattr(request, "model_extra", None) or {}
     if "sar_context" in extra:
         request.vllm_xargs = {**(request.vllm_xargs or {}), FLAT: extra["sar_context"]}
     given = (request.vllm_xargs or {}).get(FLAT)
-    if given is not None:
-        try:
-            explicit_context_ids(given, lambda text: [], what="sar_context")  # its shape only
-        except ContextError as e:
-            return str(e)
+    if given is None:
+        return None
+    if fe.contexts is None:
+        return "sar_context is SAR's question-removed context, and this server computes no SAR (start it with --sar)"
+    try:
+        fe.contexts.ids(given)
+    except ContextError as e:
+        return str(e)
     return None
 
 
@@ -171,7 +174,7 @@ def _with_best_of_n(orig):
         if fe is None:
             return await orig(self, request, raw_request)
         n, err = _best_of_n(self, request, fe)
-        err = err or _move_sar_context(request)
+        err = err or _move_sar_context(request, fe)
         if err:
             return self.create_error_response(err)
         if n is None:
