@@ -11,7 +11,9 @@ DESCRIPTION = """\
 Start vLLM's OpenAI-compatible server with a SWIFT head: every choice of /v1/completions and
 /v1/chat/completions carries `swift_score` and `swift_tokens` (and `sar` with --sar), computed
 while the tokens are generated. A request may ask `"best_of_n": N` to get the best of N
-candidates with all N scores.
+candidates with all N scores. With --sar, each choice also says which question-removed context
+its `sar` used (`sar_context`: "chat" for chat requests, "request" when the body gave one as
+`"sar_context"`, "default" otherwise).
 
 This command's own options come before MODEL; everything after MODEL goes to `vllm serve`
 unchanged, with the head passed as `--additional-config '{"swift_fast": {...}}'` (merged into an
@@ -35,9 +37,9 @@ def add_parser(sub, name, help_):
     p.add_argument("--head", required=True, help="SWIFT head file (safetensors) trained for this model")
     p.add_argument("--sar", action="store_true", help="also compute the self-aligned reward of every choice")
     p.add_argument("--sar-context", metavar="TEXT",
-                   help="SAR's question-removed context for raw completion prompts that bring none of their own "
-                        "(default: the tokenizer's BOS token; chat requests always use their own messages with "
-                        "the question removed)")
+                   help="SAR's question-removed context for raw completion prompts that bring none of their own, "
+                        "taken exactly as written (special tokens included) (default: the tokenizer's BOS token; "
+                        "chat requests use their own messages with the question removed)")
     p.add_argument("--max-best-of-n", type=int, default=None, metavar="N",
                    help="largest best_of_n a request may ask for (default 64)")
     p.add_argument("--select", choices=("swift", "sar", "rank", "scaled"), default="swift",
