@@ -8,7 +8,10 @@ for each of ``--batch`` prompts (``ignore_eos``), and the report gives output to
 per-round ratios (each round times both engines back to back). On a machine shared with other
 jobs wall time is noisy; the model worker's CPU time per generated token (user + system, read
 in the worker process) is reported beside it and is far steadier. ``--sar`` adds a third engine that also computes SAR
-(its question-removed pass is extra work by design, reported apart from the ratio).
+(its question-removed pass is extra work by design, reported apart from the ratio). To tell the SAR
+engine's per-step work from its passes, each SAR round is followed by the same passes run alone on
+the SWIFT engine (prompt ``[BOS] + answer``, one token, prefix cache not read): the step overhead
+is then the SAR engine's worker CPU minus the SWIFT engine's and minus the passes'.
 
 The model is a random-weight Llama built locally (``swift_fast.testing``), size set by
 ``--hidden``/``--layers``; its parameter count is printed. vLLM's default settings apply
@@ -78,8 +81,8 @@ def worker_cpu(llm) -> float:
     return sum(w["cpu_seconds"] for w in llm.collective_rpc(plugin_state))
 
 
-def timed_round(llm, prompts, args) -> tuple[float, float, int]:
-    """(wall seconds, worker CPU seconds, new tokens) of one round."""
+def timed_round(llm, prompts, args) -> tuple[float, float, int, list]:
+    """(wall seconds, worker CPU seconds, new tokens, the answers' token ids) of one round."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=1.0, max_tokens=args.tokens, ignore_eos=True)
@@ -87,7 +90,19 @@ def timed_round(llm, prompts, args) -> tuple[float, float, int]:
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     dt = time.perf_counter() - t
-    return dt, worker_cpu(llm) - c, sum(len(c.token_ids) for o in outs for c in o.outputs)
+    answers = [list(c.token_ids) for o in outs for c in o.outputs]
+    return dt, worker_cpu(llm) - c, sum(map(len, answers)), answers
+
+
+def passes_alone(llm, answers, bos: int) -> float:
+    """Worker CPU seconds of SAR's question-removed passes for ``answers`` (BOS context), run as plain
+    one-token requests on an engine without SAR."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, skip_reading_prefix_cache=True)
+    c = worker_cpu(llm)
+    llm.generate([{"prompt_token_ids": [bos] + a} for a in answers], params, use_tqdm=False)
+    return worker_cpu(llm) - c
 
 
 def main(argv=None) -> int:
@@ -114,7 +129,8 @@ def main(argv=None) -> int:
     path, hp, params = build(args, root)
     from transformers import AutoTokenizer
 
-    vocab = AutoTokenizer.from_pretrained(path).vocab_size
+    tok = AutoTokenizer.from_pretrained(path)
+    vocab, bos = tok.vocab_size, tok.bos_token_id
     rng = random.Random(0)
     prompts = [
         {"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(args.prompt_len)]} for _ in range(args.batch)
@@ -134,14 +150,18 @@ def main(argv=None) -> int:
         timed_round(llm, prompts, args)  # warm-up
     times: dict[str, list[float]] = {n: [] for n in engines}
     cpu: dict[str, list[float]] = {n: [] for n in engines}
+    pass_cpu: list[float] = []
     for r in range(args.rounds):
         order = list(engines) if r % 2 == 0 else list(reversed(engines))
         for name in order:
-            dt, cs, ntok = timed_round(engines[name], prompts, args)
+            dt, cs, ntok, answers = timed_round(engines[name], prompts, args)
             times[name].append(ntok / dt)
             cpu[name].append(1e3 * cs / ntok)
             print(f"round {r} {name:10s} {ntok / dt:9.1f} tok/s  {1e3 * cs / ntok:7.2f} worker CPU ms/token",
                   flush=True)
+            if name == "swift+sar":
+                pass_cpu.append(1e3 * passes_alone(engines["swift"], answers, bos) / ntok)
+                print(f"round {r} {'passes':10s} {'':15s} {pass_cpu[-1]:7.2f} worker CPU ms/token", flush=True)
     med = {n: statistics.median(v) for n, v in times.items()}
     ratio = med["swift"] / med["off"]
     # each round times both engines back to back: the per-round ratio cancels slow drifts in load
@@ -164,6 +184,12 @@ def main(argv=None) -> int:
         "median_worker_cpu_ms_per_token": {n: statistics.median(v) for n, v in cpu.items()},
         "worker_cpu_swift_over_off": statistics.median(cpu["swift"]) / statistics.median(cpu["off"]),
     }
+    if pass_cpu:
+        # per round: SAR engine - SWIFT engine - the passes alone, per generated token
+        step = [a - b - c for a, b, c in zip(cpu["swift+sar"], cpu["swift"], pass_cpu)]
+        result.update(sar_passes_alone_cpu_ms_per_token=statistics.median(pass_cpu),
+                      sar_step_overhead_cpu_ms_per_token=statistics.median(step),
+                      sar_step_overhead_over_swift=statistics.median(step) / statistics.median(cpu["swift"]))
     print(json.dumps({k: v for k, v in result.items() if k not in ("tokens_per_s", "worker_cpu_ms_per_token")},
                      indent=2))
     if args.json:
