@@ -30,9 +30,30 @@ def _first_argmax(t: torch.Tensor) -> torch.Tensor:
     return torch.argmax(t, dim=1)
 
 
-def bon_select(scores, k: int) -> torch.Tensor:
-    """Index of the highest-scoring candidate among the first ``k`` (ties: lowest index)."""
-    return _first_argmax(_scores(scores, k))
+def eligible(pruned, k: int) -> torch.Tensor:
+    """``[P, k]`` bool: the candidates a selection may pick. A candidate stopped during generation
+    (``pruned[p, i]``) only when every one of the problem's first ``k`` was stopped."""
+    p = torch.as_tensor(pruned, dtype=torch.bool)[:, :k]
+    return ~p | p.all(1, keepdim=True)
+
+
+def exclude_pruned(scores, pruned, k: int) -> torch.Tensor:
+    """The first ``k`` scores with those of ineligible (pruned) candidates set to NaN (:func:`eligible`)."""
+    return torch.where(eligible(pruned, k), _scores(scores, k), float("nan"))
+
+
+def bon_select(scores, k: int, pruned=None) -> torch.Tensor:
+    """Index of the highest-scoring candidate among the first ``k`` (ties: lowest index). With
+    ``pruned`` (bool ``[P, n]``), never a pruned candidate while the problem has another one, even
+    one without a score."""
+    t = _scores(scores, k)
+    if pruned is None:
+        return _first_argmax(t)
+    ok = eligible(pruned, k)
+    idx = _first_argmax(torch.where(ok, t, float("-inf")))
+    # every eligible score NaN: argmax fell on index 0, which may be pruned
+    first_ok = torch.argmax(ok.to(torch.uint8), dim=1)
+    return torch.where(ok.gather(1, idx.view(-1, 1)).squeeze(1), idx, first_ok)
 
 
 def ranks(scores, k: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ from swift_fast import (
     oracle_accuracy,
     weighted_vote,
 )
-from swift_fast.bon import default_ks, minmax, ranks
+from swift_fast.bon import default_ks, exclude_pruned, minmax, ranks
 
 
 def test_bon_uses_first_k_and_ties_go_to_lowest_index():
@@ -86,3 +86,15 @@ def test_default_ks():
 def test_scores_must_be_a_matrix():
     with pytest.raises(ValueError, match="problems, candidates"):
         bon_select(torch.zeros(4), 1)
+
+
+def test_a_pruned_candidate_is_never_picked_while_another_exists():
+    """Candidates stopped during generation (pruned) lose to any other, even one without a score;
+    a problem whose candidates were all pruned still gets its best one."""
+    nan = float("nan")
+    scores = torch.tensor([[0.9, 0.1, 0.5], [0.9, nan, nan], [0.2, 0.8, 0.5], [0.3, 0.1, 0.9]], dtype=torch.float64)
+    pruned = torch.tensor([[True, False, False], [True, False, False], [True, True, True], [False, True, True]])
+    assert bon_select(scores, 3, pruned=pruned).tolist() == [2, 1, 1, 0]
+    assert bon_select(scores, 2, pruned=pruned).tolist() == [1, 1, 1, 0]
+    ex = exclude_pruned(scores, pruned, 3)
+    assert torch.isnan(ex[0, 0]) and ex[2].tolist() == [0.2, 0.8, 0.5] and torch.isnan(ex[3, 2])

@@ -1,0 +1,195 @@
+"""What pruning buys: Best-of-N with candidates stopped during generation beside full Best-of-N on
+the same problems, and a sweep of settings replayed on full runs' per-token values.
+
+Accuracy is BoN@N by SWIFT (DESIGN 2) over the candidates that were not pruned (a pruned one is
+picked only when every candidate of its problem was); the difference to full BoN@N is paired
+over problems with a percentile bootstrap interval (``report.bootstrap_ci``). Cost is generated
+tokens, summed over all candidates, pruned ones up to where they stopped.
+
+The sweep replays :func:`swift_fast.pruning.replay` on the candidates of a full run that carry
+their per-token values (``swift_trace``: a run with ``trace`` on). With per-request seeds, a
+pruned run samples the same tokens as the full run up to each pruning point, so the replay
+predicts its tokens and its picks; measured runs check that prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from . import bon
+from .datasets import DataError
+from .pruning import PruneConfig, replay, running_confidence, running_swift
+from .report import bootstrap_ci
+from .rollouts import Problem
+
+#: Settings the sweep replays for each signal (``every`` follows ``warmup``): enough points to draw
+#: accuracy against tokens, few enough to replay thousands of candidates in seconds.
+SWEEP_WARMUPS = (4, 8, 16, 32, 64)
+SWEEP_KEEPS = (0.75, 0.5, 0.25)
+
+
+def signal_series(candidate: dict, cfg: PruneConfig, where: str = "") -> list[float]:
+    """A candidate's signal after each of its tokens, from its ``swift_trace``."""
+    tr = candidate.get("swift_trace")
+    if not isinstance(tr, dict):
+        raise DataError(
+            f"{where}: a candidate has no per-token values (swift_trace): replaying a pruning policy needs a full run "
+            "generated with trace on (`swift-fast bon --prune` records them)"
+        )
+    if cfg.signal == "confidence":
+        return running_confidence(tr["confidence"], cfg.window)
+    return running_swift(tr["gate_reward"], tr["gate"])
+
+
+@dataclass
+class Outcome:
+    """One way of running Best-of-N over ``P`` problems (first ``n`` candidates each)."""
+
+    correct: torch.Tensor  # float64 [P]: 1 when the pick is correct
+    tokens: torch.Tensor  # float64 [P]: tokens generated for the problem
+    pruned: torch.Tensor  # bool [P, n]
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct.mean().item()
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.tokens.sum().item())
+
+
+def _matrix(problems: Sequence[Problem], key: str, n: int) -> torch.Tensor:
+    return torch.tensor([[math.nan if c.get(key) is None else float(c[key]) for c in p.candidates[:n]]
+                         for p in problems], dtype=torch.float64)
+
+
+def _check(problems: Sequence[Problem], n: int, where: str) -> None:
+    if not problems:
+        raise DataError(f"{where}: no problems")
+    short = [p.id for p in problems if len(p.candidates) < n]
+    if short:
+        raise DataError(f"{where}: {len(short)} problems have fewer than {n} candidates (first: {short[0]!r})")
+
+
+def outcome(problems: Sequence[Problem], n: int, pruned: torch.Tensor | None = None,
+            tokens: torch.Tensor | None = None, where: str = "rollouts") -> Outcome:
+    """BoN@n by ``swift_score`` of rollouts as they are (``pruned`` and ``tokens`` default to each
+    candidate's ``swift_pruned`` and ``len(token_ids)``), or as a replay says they would be."""
+    _check(problems, n, where)
+    if pruned is None:
+        pruned = torch.tensor([[bool(c.get("swift_pruned")) for c in p.candidates[:n]] for p in problems])
+    if tokens is None:
+        tokens = torch.tensor([[len(c["token_ids"]) for c in p.candidates[:n]] for p in problems], dtype=torch.float64)
+    correct = torch.tensor([[bool(c.get("correct")) for c in p.candidates[:n]] for p in problems])
+    pick = bon.bon_select(_matrix(problems, "swift_score", n), n, pruned=pruned)
+    return Outcome(correct.gather(1, pick.view(-1, 1)).squeeze(1).double(), tokens.sum(1), pruned)
+
+
+def replayed(problems: Sequence[Problem], cfg: PruneConfig, n: int, where: str = "rollouts") -> Outcome:
+    """The outcome the policy ``cfg`` would give on full-run rollouts (with ``swift_trace``)."""
+    _check(problems, n, where)
+    pruned, tokens = [], []
+    for p in problems:
+        r = replay([signal_series(c, cfg, where) for c in p.candidates[:n]], cfg)
+        pruned.append(r.pruned)
+        tokens.append(r.tokens)
+    return outcome(problems, n, torch.tensor(pruned), torch.tensor(tokens, dtype=torch.float64), where)
+
+
+def compare(full: Outcome, other: Outcome, reps: int = 2000) -> dict:
+    """``other`` against ``full`` on the same problems: accuracy and its paired difference with a
+    95% interval, tokens and their ratio."""
+    d = other.correct - full.correct
+    lo, hi = bootstrap_ci(d, reps=reps)
+    return {
+        "accuracy": other.accuracy,
+        "full_accuracy": full.accuracy,
+        "difference": d.mean().item(),
+        "ci95": [lo, hi],
+        "tokens": other.total_tokens,
+        "full_tokens": full.total_tokens,
+        "token_fraction": other.total_tokens / max(full.total_tokens, 1),
+        "pruned_candidates": int(other.pruned.sum().item()),
+        "method": "BoN@N by SWIFT over unpruned candidates; paired percentile bootstrap over problems, "
+                  f"{reps} resamples",
+    }
+
+
+def sweep(problems: Sequence[Problem], n: int, base: PruneConfig | None = None, reps: int = 500,
+          warmups: Sequence[int] = SWEEP_WARMUPS, keeps: Sequence[float] = SWEEP_KEEPS) -> list[dict]:
+    """Replay a grid of settings (both signals; ``every = warmup``; ``min_keep`` and ``window`` from
+    ``base``) on full-run rollouts; one row per setting with :func:`compare`'s fields."""
+    base = base or PruneConfig()
+    full = outcome(problems, n)
+    rows = []
+    for signal in ("swift", "confidence"):
+        for w in warmups:
+            for keep in keeps:
+                cfg = PruneConfig(signal=signal, warmup=w, every=w, keep=keep, min_keep=base.min_keep,
+                                  window=base.window)
+                rows.append({"settings": cfg.to_dict(), **compare(full, replayed(problems, cfg, n), reps=reps)})
+    return rows
+
+
+def at_budget(rows: Sequence[dict], fraction: float) -> dict[str, dict | None]:
+    """Per signal, the most accurate swept setting that generates at most ``fraction`` of the full
+    run's tokens (None when none does): the equal-budget comparison of the two signals."""
+    out: dict[str, dict | None] = {}
+    for signal in ("swift", "confidence"):
+        ok = [r for r in rows if r["settings"]["signal"] == signal and r["token_fraction"] <= fraction]
+        out[signal] = max(ok, key=lambda r: (r["accuracy"], -r["token_fraction"])) if ok else None
+    return out
+
+
+def plot_sweep(rows: Sequence[dict], path: str, title: str = "Pruning during Best-of-N",
+               measured: Sequence[tuple[str, float, float]] = ()) -> str:
+    """Accuracy against generated tokens (fraction of full Best-of-N) for each swept setting, one
+    colour per signal, full Best-of-N at (1, its accuracy); ``measured``: ``(label, fraction,
+    accuracy)`` of engine runs, drawn as stars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = {"swift": "tab:blue", "confidence": "tab:orange"}
+    labels = {"swift": "running SWIFT score", "confidence": "DeepConf lowest-group confidence"}
+    for signal, colour in colours.items():
+        pts = sorted((r["token_fraction"], 100 * r["accuracy"]) for r in rows if r["settings"]["signal"] == signal)
+        if pts:
+            ax.scatter(*zip(*pts), color=colour, alpha=0.6, s=18, label=f"pruned by {labels[signal]} (replayed)")
+            frontier, best = [], -1.0
+            for x, y in pts:
+                if y > best:
+                    frontier.append((x, y))
+                    best = y
+            ax.plot(*zip(*frontier), color=colour, lw=1.2)
+    if rows:
+        ax.scatter([1.0], [100 * rows[0]["full_accuracy"]], color="black", marker="s", s=40, label="full Best-of-N",
+                   zorder=3)
+    for label, x, y in measured:
+        ax.scatter([x], [100 * y], marker="*", s=140, zorder=4, label=label, edgecolor="black")
+    ax.set_xlabel("generated tokens (fraction of full Best-of-N)")
+    ax.set_ylabel("BoN accuracy by SWIFT (%)")
+    ax.set_xlim(0, 1.05)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def summary_text(c: dict, label: str = "pruned") -> str:
+    """One line: tokens, accuracy and the paired difference of a :func:`compare` result."""
+    lo, hi = c["ci95"]
+    return (
+        f"{label}: {c['tokens']:,} tokens ({100 * c['token_fraction']:.1f}% of full Best-of-N's {c['full_tokens']:,}), "
+        f"BoN accuracy {100 * c['accuracy']:.1f}% vs {100 * c['full_accuracy']:.1f}% "
+        f"(difference {100 * c['difference']:+.1f} points, 95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}])"
+    )

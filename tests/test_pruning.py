@@ -1,0 +1,160 @@
+"""The pruning policy and DeepConf's confidence signals (core, no engine): settings and their
+errors, the ranking rule on hand-made groups, the replay, and the confidence math against
+explicit loops in float64."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from swift_fast.confidence import RunningConfidence, lowest_group, tail, token_confidence
+from swift_fast.pruning import (
+    PruneConfig,
+    PruneConfigError,
+    replay,
+    running_confidence,
+    running_swift,
+    threshold,
+    to_prune,
+)
+
+
+# -- settings ------------------------------------------------------------------------------------
+def test_parse_fills_from_the_base_then_the_defaults_and_coerces_flat_strings():
+    base = PruneConfig(signal="confidence", warmup=8)
+    cfg = PruneConfig.parse({"keep": "0.25", "every": "4"}, base=base)
+    assert cfg == PruneConfig(signal="confidence", warmup=8, every=4, keep=0.25)
+    assert PruneConfig.parse(True) == PruneConfig()
+    assert PruneConfig.parse(True, base=base) is base
+    assert PruneConfig.parse(False) is None and PruneConfig.parse(None) is None
+    assert PruneConfig.parse({"warmup": 12.0}).warmup == 12
+
+
+@pytest.mark.parametrize("given, match", [
+    ({"keep": 0}, r"prune: keep .* in \(0, 1\]"),
+    ({"keep": 1.5}, r"keep .* in \(0, 1\]; got 1.5"),
+    ({"keep": float("nan")}, r"keep"),
+    ({"warmup": -1}, r"warmup must be a whole number >= 1"),
+    ({"warmup": 0}, r"warmup must be a whole number >= 1"),
+    ({"every": -2}, r"every must be a whole number >= 0"),
+    ({"min_keep": 0}, r"min_keep"),
+    ({"window": 2.5}, r"prune.window must be a whole number of tokens"),
+    ({"signal": "entropy"}, r"signal must be one of \['swift', 'confidence'\], got 'entropy'"),
+    ({"kepp": 0.5}, r"unknown setting\(s\) \['kepp'\]"),
+    ({"warmup": True}, r"prune.warmup must be a number"),
+    ({"keep": "half"}, r"prune.keep must be a number, got 'half'"),
+    ("fast", r"must be an object"),
+])
+def test_bad_settings_name_the_field(given, match):
+    with pytest.raises(PruneConfigError, match=match):
+        PruneConfig.parse(given)
+
+
+def test_command_line_settings_as_json_or_pairs():
+    from swift_fast.pruning import parse_text
+
+    assert parse_text("signal=confidence, keep=0.25,window=8") == PruneConfig(signal="confidence", keep=0.25, window=8)
+    assert parse_text('{"warmup": 4, "every": 0}') == PruneConfig(warmup=4, every=0)
+    assert parse_text("") == parse_text(None) == PruneConfig()
+    with pytest.raises(PruneConfigError, match="key=value"):
+        parse_text("keep")
+    with pytest.raises(PruneConfigError, match="not valid JSON"):
+        parse_text("{keep: 1}")
+
+
+def test_thresholds():
+    assert [threshold(PruneConfig(warmup=5, every=3), d) for d in range(3)] == [5, 8, 11]
+    one = PruneConfig(warmup=5, every=0)
+    assert threshold(one, 0) == 5 and threshold(one, 1) is None
+
+
+# -- the ranking rule ---------------------------------------------------------------------------
+def test_to_prune_keeps_the_best_fraction_ties_to_the_lower_index_nan_last():
+    cfg = PruneConfig(keep=0.5, min_keep=1)
+    assert to_prune([0.1, 0.9, 0.5, 0.3], cfg) == [0, 3]
+    assert to_prune([0.5, 0.5, 0.5, 0.5], cfg) == [2, 3]  # ties: the lower index stays
+    assert to_prune([math.nan, 0.2, -1.0], cfg) == [0]  # ceil(1.5) = 2 kept; NaN ranks last
+    assert to_prune([None, 0.2], PruneConfig(keep=0.5, min_keep=1)) == [0]
+    assert to_prune([1.0, 2.0, 3.0], PruneConfig(keep=1.0, min_keep=1)) == []
+    assert to_prune([], cfg) == []
+
+
+def test_min_keep_counts_the_candidates_outside_the_ranking():
+    cfg = PruneConfig(keep=0.25, min_keep=3)
+    assert to_prune([4.0, 3.0, 2.0, 1.0], cfg) == [3]  # min_keep 3 beats ceil(1)
+    assert to_prune([4.0, 3.0, 2.0, 1.0], cfg, others=1) == [2, 3]
+    assert to_prune([4.0, 3.0, 2.0, 1.0], cfg, others=5) == [1, 2, 3]  # ceil keeps one running
+
+
+def test_replay_follows_lock_step_decisions_by_hand():
+    cfg = PruneConfig(warmup=2, every=2, keep=0.5, min_keep=1)
+    signals = [
+        [0.0, 1.0, 1.0, 1.0, 1.0, 1.0],  # best at 2, worst of the two left at 4
+        [0.0, 0.5, 0.5, 0.5, 0.5, 0.5],  # pruned at 2
+        [0.0, 2.0, 2.0, 2.0, 2.0],  # best throughout
+        [0.0, 0.2, 0.2],  # would finish at 3 tokens; pruned at 2
+    ]
+    r = replay(signals, cfg)
+    # at 2: running 0..3 -> keep ceil(2) (2 and 0); at 4: running {0, 2}: keep ceil(1) -> prune 0
+    assert r.pruned == [True, True, False, True]
+    assert r.tokens == [4, 2, 5, 2]
+
+
+def test_replay_never_prunes_a_candidate_that_finished_at_the_threshold():
+    r = replay([[1.0, 1.0], [0.0, 0.0, 0.0, 0.0]], PruneConfig(warmup=2, every=0, keep=0.5, min_keep=1))
+    assert r.pruned == [False, False] and r.tokens == [2, 4]
+
+
+def test_running_swift_by_hand():
+    g, r = [0.5, 0.0, 1.0], [2.0, 100.0, -1.0]
+    assert running_swift([a * b for a, b in zip(g, r)], g) == pytest.approx([2.0, 2.0, (1.0 - 1.0) / 1.5])
+    assert running_swift([0.0], [0.0]) == [0.0]  # no gate mass: sum 0 / eps
+
+
+# -- DeepConf's confidence -------------------------------------------------------------------------
+def test_token_confidence_against_float64_by_hand():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 40, dtype=torch.float32) * 3
+    for k in (1, 7, 20, 40, 100):
+        got = token_confidence(logits, k)
+        x = logits.double()
+        want = []
+        for row in x:
+            lp = sorted((row - torch.logsumexp(row, 0)).tolist(), reverse=True)[: min(k, 40)]
+            want.append(-sum(lp) / len(lp))
+        torch.testing.assert_close(got.double(), torch.tensor(want, dtype=torch.float64), rtol=1e-5, atol=1e-5)
+    assert token_confidence(logits.bfloat16()).dtype == torch.float32
+    with pytest.raises(ValueError, match=r"\[T, V\]"):
+        token_confidence(logits[0])
+
+
+def _lowest_by_loops(c, w):
+    if len(c) <= w:
+        return sum(c) / len(c)
+    return min(sum(c[i : i + w]) / w for i in range(len(c) - w + 1))
+
+
+def test_group_confidences_against_explicit_windows():
+    rng = random.Random(0)
+    for n in (1, 3, 16, 17, 40):
+        c = [rng.uniform(0, 5) for _ in range(n)]
+        for w in (1, 4, 16):
+            assert lowest_group(c, w) == pytest.approx(_lowest_by_loops(c, w))
+            assert tail(c, w) == pytest.approx(sum(c[-w:]) / len(c[-w:]))
+            run = running_confidence(c, w)
+            assert run == pytest.approx([_lowest_by_loops(c[: t + 1], w) for t in range(n)])
+    assert math.isnan(lowest_group([], 4)) and math.isnan(tail([], 4)) and math.isnan(RunningConfidence(4).value())
+    with pytest.raises(ValueError, match="window"):
+        lowest_group([1.0], 0)
+
+
+def test_running_confidence_does_not_drift_on_long_sequences():
+    rng = random.Random(1)
+    c = [rng.uniform(0, 1e4) if i % 2 else rng.uniform(0, 1e-3) for i in range(20000)]
+    r = RunningConfidence(7)
+    for x in c:
+        r.push(x)
+    assert r.value() == pytest.approx(_lowest_by_loops(c, 7), rel=1e-12)
