@@ -149,6 +149,67 @@ def test_best_of_n_misuse_is_a_400_that_says_why(server, body, match):
         client.completions.create(model=path, prompt="2+2=", max_tokens=4, extra_body=body, **kw)
 
 
+def test_streamed_pruned_choices_end_with_finish_reason_pruned(server):
+    """n = 4 with pruning: each choice's stream ends with its own final chunk; the pruned ones say
+    ``pruned`` and carry the partial score of exactly the tokens they streamed."""
+    client, path, head, ref, _ = server
+    prompt = ref.prompt(TEXTS[0])
+    ids, finals = {}, {}
+    for chunk in client.completions.create(
+            model=path, prompt=prompt, n=4, max_tokens=16, temperature=1.0, stream=True,
+            extra_body={"return_token_ids": True, "ignore_eos": True,
+                        "prune": {"warmup": 5, "every": 0, "keep": 0.5, "min_keep": 1}}):
+        for c in chunk.choices:
+            ids.setdefault(c.index, []).extend(_extra(c, "token_ids") or [])
+            if c.finish_reason is not None:
+                finals[c.index] = c
+    assert sorted(finals) == [0, 1, 2, 3]
+    pruned = [i for i, c in finals.items() if _extra(c, "swift_pruned")]
+    assert len(pruned) == 2
+    for i, c in finals.items():
+        assert c.finish_reason == ("pruned" if i in pruned else "length")
+        # the server adds a request's candidates one by one, so one may start a step after the
+        # others: the decision waits for it, and the others may be a token further
+        assert len(ids[i]) == _extra(c, "swift_tokens")
+        assert (5 <= len(ids[i]) <= 6) if i in pruned else len(ids[i]) == 16
+        assert (_extra(c, "sar") is None) == (i in pruned)
+    order = sorted(finals)
+    torch.testing.assert_close(torch.tensor([_extra(finals[i], "swift_score") for i in order]),
+                               ref.swift(head, [prompt] * 4, [ids[i] for i in order]), rtol=RTOL, atol=ATOL)
+
+
+def test_best_of_n_with_pruning_never_returns_a_pruned_choice(server):
+    client, path, head, ref, _ = server
+    prompt = ref.prompt(TEXTS[2])
+    r = client.completions.create(model=path, prompt=prompt, max_tokens=12, temperature=1.0,
+                                  extra_body={"best_of_n": 6, "return_token_ids": True, "ignore_eos": True,
+                                              "prune": {"warmup": 4, "every": 4, "keep": 0.5, "min_keep": 2}})
+    (c,) = r.choices
+    info = _extra(c, "best_of_n")
+    assert sum(info["pruned"]) == 4 and not info["pruned"][info["index"]]
+    scores = info["swift_scores"]
+    kept = [i for i in range(6) if not info["pruned"][i]]
+    assert info["index"] == max(kept, key=lambda i: (scores[i], -i))
+    assert c.finish_reason == "length" and _extra(c, "swift_pruned") is False
+    assert 2 * 12 + 4 * 4 <= info["tokens"] < 6 * 12  # two ran to the end, four stopped after 4 or 8 tokens
+    _check(ref, head, [prompt], [list(_extra(c, "token_ids"))], [_extra(c, "swift_score")], [_extra(c, "sar")])
+
+
+@pytest.mark.parametrize("body, match", [
+    ({"best_of_n": 4, "prune": {"keep": 1.5}}, r"prune: .*keep .*\(0, 1\]"),
+    ({"best_of_n": 4, "prune": {"warmup": -1}}, "warmup must be a whole number >= 1"),
+    ({"best_of_n": 4, "prune": {"signal": "entropy"}}, "signal must be one of"),
+    ({"best_of_n": 4, "prune": {"kepp": 0.5}}, "unknown"),
+    ({"best_of_n": 4, "prune": "fast"}, "prune must be an object"),
+    ({"prune": {"keep": 0.5}}, r"this request has one \(n = 1\)"),
+    ({"best_of_n": 4, "vllm_xargs": {"swift_fast_prune_keep": 0}}, "keep"),
+])
+def test_bad_pruning_settings_are_a_400_naming_the_field(server, body, match):
+    client, path, *_ = server
+    with pytest.raises(openai.BadRequestError, match=match):
+        client.completions.create(model=path, prompt="2+2=", max_tokens=4, temperature=1.0, extra_body=body)
+
+
 def test_a_sar_pass_the_engine_refuses_answers_with_sar_null(server):
     """q0 + answer over max_model_len (256): the choice comes back at once, scored, with sar null."""
     client, path, head, ref, _ = server
@@ -195,4 +256,10 @@ def test_serve_command_line_merges_the_head_into_additional_config(monkeypatch):
                                                              "sar_context": "Answer:", "max_best_of_n": 8}}
     args = build_parser().parse_args(["serve", "--head", "h.safetensors", "--select", "sar", "M"])
     with pytest.raises(ValueError, match="sar"):
+        vllm_argv(args)
+    args = build_parser().parse_args(["serve", "--head", "h.safetensors", "--prune", "keep=0.25,warmup=32", "M"])
+    prune = json.loads(vllm_argv(args)[3])["swift_fast"]["prune"]
+    assert prune["keep"] == 0.25 and prune["warmup"] == 32 and prune["signal"] == "swift"
+    args = build_parser().parse_args(["serve", "--head", "h.safetensors", "--prune", "keep=2", "M"])
+    with pytest.raises(ValueError, match="--prune: keep"):
         vllm_argv(args)

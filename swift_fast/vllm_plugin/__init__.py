@@ -41,8 +41,14 @@ Data path (vLLM 0.32, V1 model runner)
    finished candidate back, runs its question-removed pass through the engine, then releases it;
    each request's question-removed context comes from :mod:`.contexts` (its own chat rendered
    with the question emptied, an explicit context, or the BOS default).
-6. Server (:mod:`.serving`): OpenAI completion and chat responses carry each choice's scores;
-   ``"best_of_n": N`` returns the best of N candidates.
+6. Pruning (:mod:`.pruning`, policy in :mod:`swift_fast.pruning`): with a ``prune`` setting
+   (engine default or per request), the candidates of a request with ``n > 1`` are ranked by
+   their running SWIFT score (or DeepConf's confidence) as they are generated, and the weakest
+   are stopped: finished in the front end as a stop string finishes a request, with
+   ``swift_pruned = True``, and aborted in the engine core after the step, which frees their KV
+   blocks before the next step is scheduled.
+7. Server (:mod:`.serving`): OpenAI completion and chat responses carry each choice's scores;
+   ``"best_of_n": N`` returns the best of N candidates (never a pruned one while another exists).
 
 Per-request results therefore need no side channel, RPC or shared memory: they travel with the
 tokens, in both engine-core modes, and a token's value reaches the user only if the token does.

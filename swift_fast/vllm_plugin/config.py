@@ -17,6 +17,10 @@ Keys:
     the largest ``best_of_n`` a server request may ask for. Each candidate is a sequence in the
     engine (and, with SAR, one question-removed pass more), so an unbounded N lets one request
     occupy the engine; 64 is four times the largest N the SWIFT paper evaluates.
+``prune`` (default ``null``: no pruning)
+    the engine's default pruning of a request's candidates while they are generated (scored
+    requests with ``n > 1``): ``true`` for the defaults, or an object of
+    :class:`swift_fast.pruning.PruneConfig` settings (:mod:`.pruning`).
 
 Per request (``SamplingParams.extra_args``; ``vllm_xargs`` in an OpenAI request cannot carry a
 dict, so the server also takes the flat keys in brackets):
@@ -24,7 +28,15 @@ dict, so the server also takes the flat keys in brackets):
 - ``{"swift_fast": {"score": False}}`` (``"swift_fast_score": false``) opts the request out of scoring;
 - ``{"swift_fast": {"sar_context": ...}}`` (``"swift_fast_sar_context"``, or a ``"sar_context"``
   body field) gives the request's question-removed context: token ids or text (it wins over the
-  context a chat request would get; for a raw prompt it is the only exact one).
+  context a chat request would get; for a raw prompt it is the only exact one);
+- ``{"swift_fast": {"prune": {...} | true | false}}`` (``"swift_fast_prune"``,
+  ``"swift_fast_prune_<setting>"``, or a ``"prune"`` body field) prunes the request's candidates
+  (:mod:`.pruning`; ``n > 1`` only);
+- ``{"swift_fast": {"trace": True}}`` (``"swift_fast_trace": true``) also returns each token's
+  values, ``CompletionOutput.swift_trace = {"gate_reward": [...], "gate": [...], "confidence":
+  [...], "logprob": [...]}`` (``g_t r_t``, ``g_t``, DeepConf's token confidence and, with SAR
+  on, the token's log-prob; one entry per token of ``token_ids``, on the final output): what
+  replaying a pruning policy offline (``swift_fast.pruning.replay``) and the trivial selectors need.
 """
 
 from __future__ import annotations
@@ -34,11 +46,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..head import ALIGNMENT, HeadError, SwiftHead
+from ..pruning import PruneConfig, PruneConfigError
 
 #: key of the plugin's section in ``VllmConfig.additional_config`` and in ``SamplingParams.extra_args``
 KEY = "swift_fast"
 SELECT = ("swift", "sar", "rank", "scaled")
-_KEYS = ("head", "sar", "sar_context", "select", "max_best_of_n")
+_KEYS = ("head", "sar", "sar_context", "select", "max_best_of_n", "prune")
 DEFAULT_MAX_BEST_OF_N = 64
 #: keys the plugin itself writes into the section at start-up
 _INTERNAL = ("_head_sha256",)
@@ -55,6 +68,7 @@ class PluginConfig:
     sar_context: str | tuple[int, ...] | None = None
     select: str = "swift"
     max_best_of_n: int = DEFAULT_MAX_BEST_OF_N
+    prune: PruneConfig | None = None
 
     @classmethod
     def parse(cls, section: Any) -> "PluginConfig":
@@ -105,8 +119,13 @@ class PluginConfig:
             raise PluginConfigError(
                 f'additional_config["{KEY}"]["select"] = {select!r} ranks by SAR: set "sar": true as well'
             )
+        try:
+            prune = PruneConfig.parse(section.get("prune"), where=f'additional_config["{KEY}"]["prune"]')
+        except PruneConfigError as e:
+            raise PluginConfigError(str(e)) from None
         head_path = os.path.abspath(os.path.expanduser(head))
-        return cls(head_path=head_path, sar=sar, sar_context=context, select=select, max_best_of_n=max_bon)
+        return cls(head_path=head_path, sar=sar, sar_context=context, select=select, max_best_of_n=max_bon,
+                   prune=prune)
 
     def load_head(self) -> SwiftHead:
         return SwiftHead.load(self.head_path)
@@ -133,6 +152,15 @@ def request_kind(sampling_params) -> tuple[int, int]:
     if extra.get("swift_fast_score") in (False, "false", "0", 0):
         return SKIP, 0
     return SCORE, 0
+
+
+def trace_requested(sampling_params) -> bool:
+    """Whether a request asked for its per-token values (``trace``)."""
+    extra = getattr(sampling_params, "extra_args", None) or {}
+    own = extra.get(KEY)
+    if isinstance(own, dict) and own.get("trace") in (True, 1, "true", "1"):
+        return True
+    return extra.get("swift_fast_trace") in (True, 1, "true", "1")
 
 
 def section_of(vllm_config: Any) -> Any:

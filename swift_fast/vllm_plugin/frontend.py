@@ -16,6 +16,12 @@ never scored: the first such request is logged with the reason); ``sar`` is None
 could not run (no question-removed context, ``q0 + answer`` over ``max_model_len``, an engine
 error) or its two passes scored different tokens.
 
+Pruning (:mod:`.pruning`). After vLLM's loop has appended a step's tokens, the groups (the
+candidates of one request with ``n > 1``) that received values are checked against the pruning
+policy; a candidate it stops gets its final output at once (``finish_reason`` ``"pruned"``,
+``swift_pruned = True``, its partial score, no SAR) and is aborted in the engine core with the
+step's ``reqs_to_abort``.
+
 SAR. When a scored candidate finishes (EOS, stop token, ``max_tokens``, stop string), its final
 output is held back: vLLM's ``RequestState`` stays registered (so ``LLM.generate`` keeps
 stepping and ``AsyncLLM`` keeps the request open) and a question-removed pass -- prompt
@@ -43,8 +49,9 @@ from typing import Any
 from ..definitions import GATE_EPS
 from ..sar_context import DEFAULT
 from . import transport
-from .config import KEY, SCORE, PluginConfig, request_kind
+from .config import KEY, SCORE, PluginConfig, request_kind, trace_requested
 from .contexts import context_of
+from .pruning import FINISH_REASON, Pruner
 from .transport import Values
 
 logger = logging.getLogger("swift_fast.vllm_plugin")
@@ -58,7 +65,7 @@ class Accumulator:
     """Per-request sums (float64 on the host)."""
 
     __slots__ = ("scored", "sar_wanted", "frontend", "context", "wsum", "gsum", "n", "lp", "lpn", "sar", "held",
-                 "released")
+                 "released", "group", "conf", "pruned", "trace")
 
     def __init__(self, scored: bool, sar_wanted: bool, frontend: "FrontEnd", context: dict | None = None):
         self.scored = scored
@@ -70,6 +77,10 @@ class Accumulator:
         self.sar: float | None = None
         self.held: tuple | None = None
         self.released = False
+        self.group = None  # pruning.Group when the candidate's request is pruned
+        self.conf = None  # confidence.RunningConfidence when pruned by confidence
+        self.pruned = False
+        self.trace: tuple[list, list, list, list] | None = None  # per-token values, when the request asked
 
     def add(self, v: Values) -> None:
         self.wsum += v.weighted
@@ -77,6 +88,14 @@ class Accumulator:
         self.n += int(v.tokens)
         self.lp += v.logp
         self.lpn += int(v.logp_tokens)
+        if self.conf is not None and v.tokens:
+            self.conf.push(v.conf)
+        if self.trace is not None and v.tokens:
+            self.trace[0].append(v.weighted)
+            self.trace[1].append(v.gate)
+            self.trace[2].append(v.conf)
+            if self.sar_wanted:
+                self.trace[3].append(v.logp)
 
     def score(self, num_tokens: int) -> float | None:
         """The candidate's SWIFT score when every one of its ``num_tokens`` tokens was scored, else None."""
@@ -95,6 +114,14 @@ class Accumulator:
     def attach(self, out, num_tokens: int) -> None:
         out.swift_score = self.score(num_tokens)
         out.swift_tokens = self.n if self.scored else 0
+        out.swift_pruned = self.pruned
+        if self.trace is not None and out.finish_reason is not None:  # on the final output only
+            out.swift_trace = {"gate_reward": list(self.trace[0]), "gate": list(self.trace[1]),
+                               "confidence": list(self.trace[2])}
+            if self.sar_wanted:
+                out.swift_trace["logprob"] = list(self.trace[3])
+        if self.pruned and out.finish_reason is not None:
+            out.finish_reason, out.stop_reason = FINISH_REASON, None
         if self.frontend.cfg.sar:
             out.sar = self.sar
             out.sar_context = self.context["source"] if self.sar_wanted and self.context else None
@@ -122,6 +149,8 @@ class FrontEnd:
         self.pass_tokens: dict[str, int] = {}  # pass request id -> its prompt tokens (q0 + answer)
         self.to_release: list = []
         self._tasks: set = set()
+        self.pruner = Pruner(engine.input_processor, cfg.prune)
+        self._touched: set = set()  # pruning groups that received values this step
         _patch_request_state()
         self._wrap()
 
@@ -140,12 +169,20 @@ class FrontEnd:
                 context = None
                 if scored and fe.contexts is not None:
                     context = context_of(request.sampling_params) or fe.contexts.default
-                rs._swift_fast = Accumulator(scored, scored and fe.cfg.sar, fe, context)
+                acc = rs._swift_fast = Accumulator(scored, scored and fe.cfg.sar, fe, context)
+                if scored and trace_requested(request.sampling_params):
+                    acc.trace = ([], [], [], [])
+                # vLLM's signature: add_request(request, prompt, parent_req=None, request_index=0, queue=None)
+                parent = args[1] if len(args) > 1 else kwargs.get("parent_req")
+                index = args[2] if len(args) > 2 else kwargs.get("request_index", 0)
+                Pruner.join(acc, rs, parent, index, request.sampling_params)
 
         def process_outputs(self_, engine_core_outputs, *args, **kwargs):
             keep = fe._pre(engine_core_outputs)
             result = orig_process(keep, *args, **kwargs)
             fe._release(result.request_outputs)
+            if fe._touched:
+                fe._prune(result)
             return result
 
         def _finish_request(self_, req_state):
@@ -199,8 +236,34 @@ class FrontEnd:
                         continue  # finished candidate: surplus tokens before its abort landed
                     if v is not None:
                         acc.add(v)
+                        if acc.group is not None:
+                            self._touched.add(acc.group)
             keep.append(eco)
         return keep
+
+    def _running(self, rs) -> bool:
+        acc = rs._swift_fast
+        return self.op.request_states.get(rs.request_id) is rs and acc.held is None and not acc.pruned
+
+    def _prune(self, result) -> None:
+        """Stop the candidates the pruning policy drops this step (:mod:`.pruning`): each gets its
+        final output now and is aborted in the engine core with the step's ``reqs_to_abort``."""
+        from vllm.v1.engine import FinishReason
+
+        groups, self._touched = self._touched, set()
+        for rs in self.pruner.decide(groups, self._running):
+            out = rs.make_request_output([], None, FinishReason.ABORT, None, None, None)
+            self._emit(rs, out, result.request_outputs)
+            self._orig_finish(rs)
+            result.reqs_to_abort.append(rs.request_id)
+
+    @staticmethod
+    def _emit(rs, out, request_outputs: list) -> None:
+        if out is not None:
+            if rs.queue is not None:
+                rs.queue.put(out)
+            else:
+                request_outputs.append(out)
 
     def _release(self, request_outputs: list) -> None:
         while self.to_release:
@@ -210,12 +273,7 @@ class FrontEnd:
                 continue  # aborted meanwhile
             acc.released = True
             args, kwargs = acc.held
-            out = rs.make_request_output(*args, **kwargs)
-            if out is not None:
-                if rs.queue is not None:
-                    rs.queue.put(out)
-                else:
-                    request_outputs.append(out)
+            self._emit(rs, rs.make_request_output(*args, **kwargs), request_outputs)
             self._orig_finish(rs)
 
     # -- SAR pass ----------------------------------------------------------------------------
@@ -453,4 +511,4 @@ def _patch_beam_search() -> None:
     BeamSearchOnlineMixin.beam_search = beam_search_online
 
 
-_FIELDS = ("swift_score", "swift_tokens", "sar", "sar_context")
+_FIELDS = ("swift_score", "swift_tokens", "swift_pruned", "swift_trace", "sar", "sar_context")

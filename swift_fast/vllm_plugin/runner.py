@@ -19,6 +19,10 @@ vLLM's rule. That state is always computed by the forward, whatever prefix cachi
 produced the token. ``slots[t] = i`` for that token, ``-1`` for every other token of the
 batch; ``finish_`` gates and sums into ``state[i]``, which is read and cleared every step.
 
+For a request pruned by DeepConf's confidence, or traced (:mod:`.pruning`, ``trace``), the
+step also reports the sampled row's token confidence (a top-k and a logsumexp over that row's
+logits, taken before the sampler, which edits float32 logits in place).
+
 The step never waits for the device: index arrays go up through persistent buffers
 (:mod:`.staging`), values stay on the device until the step's one asynchronous copy to the
 host (:class:`.transport.StepScores`).
@@ -33,10 +37,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..confidence import token_confidence
 from ..head import SwiftHead
 from ..kernels.streaming import finish_, project_layer_
 from . import model_hooks
-from .config import SAR_PASS, SCORE, SKIP, PluginConfig, request_kind
+from .config import SAR_PASS, SCORE, SKIP, PluginConfig, request_kind, trace_requested
+from .pruning import wants_confidence
 from .sar_worker import SarWorker
 from .staging import Staging
 from .transport import COL, NCOLS, StepScores
@@ -73,6 +79,7 @@ class RunnerScoring:
                 self.acc = torch.zeros(self.max_reqs, 2, dtype=torch.float32, device=self.device)
         self.slots = Staging(self.acc.shape[0], torch.int32, self.device)
         self.sar = SarWorker(runner, max_tokens, self.max_reqs) if cfg.sar else None
+        self.conf_rows = Staging(self.max_reqs, torch.int64, self.device)
         self._step: _Step | None = None
         self._sampled = None
         self._wrap()
@@ -148,6 +155,10 @@ class RunnerScoring:
             self._swift(st, qsl, score_rows, values)
             if self.sar is not None:
                 step.sar = self.sar.keep_rows(st.logits, score_rows)
+            conf_rows = [i for i in score_rows if self._wants_confidence(req_ids[i])]
+            if conf_rows:
+                # before the sampler, which edits float32 logits in place
+                self._confidence(st.logits, conf_rows, values)
         if pass_rows:
             computed = ib.num_computed_tokens_cpu[:n]
             self.sar.passes(st, values, [
@@ -157,6 +168,24 @@ class RunnerScoring:
             # a pass reports once its prefill is complete (its last chunk is not discarded)
             step.report += [i for i in pass_rows if not discard[i]]
         return step
+
+    def _wants_confidence(self, req_id: str) -> bool:
+        rs = self.runner.requests.get(req_id)
+        if rs is None:
+            return False
+        w = getattr(rs, "_swift_fast_conf", None)
+        if w is None:
+            w = rs._swift_fast_conf = wants_confidence(rs.sampling_params) or trace_requested(rs.sampling_params)
+        return w
+
+    def _confidence(self, logits: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
+        """DeepConf's token confidence of each row's distribution (the one its token is sampled
+        from): a top-k and a logsumexp over the row, for the requests pruned by that signal or
+        traced."""
+        host = self.conf_rows.host()
+        host[: len(rows)] = rows
+        idx = self.conf_rows.upload(len(rows))
+        values[idx, COL.conf] = token_confidence(logits.index_select(0, idx))
 
     def _swift(self, st, qsl: np.ndarray, rows: list[int], values: torch.Tensor) -> None:
         n = len(qsl) - 1
@@ -186,7 +215,7 @@ class RunnerScoring:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer the plugin allocated in this worker (for memory accounting)."""
-        out = [self.acc, self.state] + self.slots.tensors()
+        out = [self.acc, self.state] + self.slots.tensors() + self.conf_rows.tensors()
         out += [b for m in self.forward.modules for name, b in m.named_buffers(recurse=False)
                 if name.startswith("_swift_fast") and b is not None]
         if self.sar is not None:

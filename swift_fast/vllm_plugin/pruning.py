@@ -1,0 +1,220 @@
+"""Pruning a request's candidates while vLLM generates them (the policy: :mod:`swift_fast.pruning`).
+
+Settings. ``additional_config["swift_fast"]["prune"]`` is the engine default (applied to every
+scored request with ``n > 1``; ``n = 1`` requests are left alone); a request sets its own with
+``SamplingParams(extra_args={"swift_fast": {"prune": {...} | True | False}})``, or with flat keys
+(``vllm_xargs`` cannot carry an object): ``swift_fast_prune`` (true/false) and
+``swift_fast_prune_<setting>``; the server also takes a ``"prune"`` body field beside
+``best_of_n``. Settings a request leaves out come from the engine default, else from
+:class:`~swift_fast.pruning.PruneConfig`'s defaults. They are checked in ``process_inputs``
+(wrapped on the engine's ``InputProcessor``), so a bad setting is an error before anything is
+queued (a 400 on the server), and pruning asked of a request with ``n = 1`` is refused there. The
+resolved settings ride in the request's own (cloned) ``extra_args`` under :data:`RESOLVED`, so the
+workers see them too: a worker computes DeepConf's token confidence only for the requests whose
+signal needs it.
+
+Groups. vLLM fans a request with ``n > 1`` out into child requests that share one
+``ParentRequest``; the group is kept on it (freed with it) and knows its members by index. A
+server ``best_of_n`` request is such a request. Each step, after vLLM's ``OutputProcessor`` has
+appended the step's tokens (so stop strings and finished candidates are already known), every
+group that received values is checked: when all of its running members have reached the next
+decision's token count, :func:`swift_fast.pruning.to_prune` ranks them by their running signal
+(the same float64 sums that become ``swift_score``, or :class:`~swift_fast.confidence.RunningConfidence`).
+
+Stopping a candidate. It is finished in the front end exactly as vLLM finishes a request on a
+stop string: its final ``CompletionOutput`` is made now (the tokens so far, the partial
+``swift_score``, ``swift_pruned = True``, ``finish_reason = "pruned"``; a stream ends with that
+chunk), its state is freed, and its id joins the step's ``reqs_to_abort``, which vLLM sends to
+the engine core after the step: the scheduler frees its KV blocks before it schedules the next
+step. A pruned candidate never gets a SAR pass (its ``sar`` is None). Tokens the core generated
+for it before the abort landed are dropped, as for any finished request.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from ..confidence import RunningConfidence
+from ..definitions import GATE_EPS
+from ..pruning import FIELDS, PruneConfig, PruneConfigError, threshold, to_prune
+from .config import KEY, SCORE, request_kind
+
+logger = logging.getLogger("swift_fast.vllm_plugin")
+
+#: key of a request's resolved settings (a dict of :class:`PruneConfig` fields) in its extra_args
+RESOLVED = "_swift_fast_prune"
+#: flat request keys: ``swift_fast_prune`` (on/off) and ``swift_fast_prune_<setting>``
+FLAT = "swift_fast_prune"
+FINISH_REASON = "pruned"
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _flag(v: Any, where: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in _TRUE + _FALSE:
+        return v.strip().lower() in _TRUE
+    raise PruneConfigError(f"{where} must be true or false, got {v!r}")
+
+
+def requested(extra: dict | None) -> tuple[bool, Any]:
+    """``(given, setting)``: whether a request's ``extra_args`` say anything about pruning, and
+    what (a mapping, True or False) -- from ``{"swift_fast": {"prune": ...}}`` or the flat keys."""
+    extra = extra or {}
+    own = extra.get(KEY)
+    if isinstance(own, dict) and "prune" in own:
+        return True, own["prune"]
+    flat = {k[len(FLAT) + 1 :]: v for k, v in extra.items() if k.startswith(FLAT + "_")}
+    if FLAT in extra:
+        on = _flag(extra[FLAT], FLAT)
+        if not on:
+            if flat:
+                raise PruneConfigError(f"{FLAT} is false but {sorted(FLAT + '_' + k for k in flat)} are set")
+            return True, False
+    if flat:
+        unknown = sorted(k for k in flat if k not in FIELDS)
+        if unknown:
+            raise PruneConfigError(
+                f"unknown pruning key(s) {[FLAT + '_' + k for k in unknown]}; the keys are "
+                f"{[FLAT + '_' + k for k in FIELDS]}"
+            )
+        return True, flat
+    if FLAT in extra:
+        return True, True
+    return False, None
+
+
+def resolve(params, default: PruneConfig | None) -> PruneConfig | None:
+    """The settings a request (``SamplingParams``) is pruned with, or None. Raises
+    ``PruneConfigError`` naming the field for a bad setting, and for pruning asked of ``n = 1``."""
+    given, setting = requested(getattr(params, "extra_args", None))
+    n = getattr(params, "n", 1) or 1
+    scored = request_kind(params)[0] == SCORE
+    if not given:
+        return default if n > 1 and scored else None
+    cfg = PruneConfig.parse(setting, where=f'extra_args["{KEY}"]["prune"]', base=default)
+    if cfg is not None and n < 2:
+        raise PruneConfigError(
+            "prune stops the weakest of a request's candidates, and this request has one (n = 1): ask for "
+            'n > 1 (server: "best_of_n": N), or leave prune out'
+        )
+    if cfg is not None and not scored:
+        raise PruneConfigError("prune ranks a request's candidates by their scores, and this request opted out of "
+                               "scoring: drop one of the two")
+    return cfg
+
+
+def config_of(params) -> PruneConfig | None:
+    """The resolved settings a request carries (None: not pruned)."""
+    d = (getattr(params, "extra_args", None) or {}).get(RESOLVED)
+    return PruneConfig(**d) if isinstance(d, dict) else None
+
+
+def wants_confidence(params) -> bool:
+    d = (getattr(params, "extra_args", None) or {}).get(RESOLVED)
+    return isinstance(d, dict) and d.get("signal") == "confidence"
+
+
+class Group:
+    """The candidates of one parent request (``members[index]``: vLLM ``RequestState``)."""
+
+    __slots__ = ("cfg", "size", "members", "decisions", "__weakref__")
+
+    def __init__(self, cfg: PruneConfig, size: int):
+        self.cfg = cfg
+        self.size = size
+        self.members: dict[int, Any] = {}
+        self.decisions = 0
+
+
+class Pruner:
+    """Installed with the front end (:class:`~.frontend.FrontEnd`) of one engine."""
+
+    def __init__(self, input_processor, default: PruneConfig | None):
+        self.default = default
+        self.pruned = 0  # candidates pruned so far (diagnostics)
+        self._wrap_input_processor(input_processor)
+
+    def _wrap_input_processor(self, ip) -> None:
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.async_utils import make_async
+
+        orig = ip.process_inputs
+        pruner = self
+
+        def process_inputs(request_id, prompt, params, *args, **kwargs):
+            cfg = None
+            if isinstance(params, SamplingParams) and not _is_internal(params.extra_args):
+                cfg = resolve(params, pruner.default)  # raises before anything is queued
+            req = orig(request_id, prompt, params, *args, **kwargs)
+            sp = getattr(req, "sampling_params", None)
+            if cfg is not None and sp is not None and sp is not params:  # vLLM's clone: this request's own
+                sp.extra_args = {**(sp.extra_args or {}), RESOLVED: cfg.to_dict()}
+            return req
+
+        ip.process_inputs = process_inputs
+        ip.process_inputs_async = make_async(process_inputs, executor=ip.renderer._executor)
+
+    # -- groups ------------------------------------------------------------------------------
+    @staticmethod
+    def join(acc, rs, parent_req, index: int, params) -> None:
+        """Make candidate ``rs`` (accumulator ``acc``) a member of its parent's group."""
+        if parent_req is None or not acc.scored:
+            return
+        cfg = config_of(params)
+        if cfg is None:
+            return
+        group = getattr(parent_req, "_swift_fast_group", None)
+        if group is None:
+            group = parent_req._swift_fast_group = Group(cfg, parent_req.n)
+        group.members[index] = rs
+        acc.group = group
+        if cfg.signal == "confidence":
+            acc.conf = RunningConfidence(cfg.window)
+
+    def decide(self, groups, is_running) -> list:
+        """The candidates to prune now, over ``groups`` (those that received values this step);
+        ``is_running(rs)``: neither finished, held for SAR, aborted nor pruned."""
+        out = []
+        for g in groups:
+            if len(g.members) < g.size:
+                continue  # the server adds children one by one: decide on the whole group
+            while True:
+                t = threshold(g.cfg, g.decisions)
+                members = list(g.members.values())
+                running = [rs for rs in members if is_running(rs)]
+                # members the scheduler has not started (no KV room yet) are not ranked: they
+                # must not block the decision that would free room for them
+                started = [rs for rs in running if rs._swift_fast.n > 0]
+                if t is None or not started or min(rs._swift_fast.n for rs in started) < t:
+                    break
+                others = sum(1 for rs in members if not rs._swift_fast.pruned) - len(started)
+                for j in to_prune([signal(rs._swift_fast, g.cfg) for rs in started], g.cfg, others):
+                    started[j]._swift_fast.pruned = True
+                    out.append(started[j])
+                g.decisions += 1
+        self.pruned += len(out)
+        return out
+
+
+def signal(acc, cfg: PruneConfig) -> float:
+    """A running candidate's signal (higher is better; NaN when it has none)."""
+    if cfg.signal == "confidence":
+        return acc.conf.value() if acc.conf is not None else math.nan
+    if acc.n == 0:
+        return math.nan
+    return acc.wsum / max(acc.gsum, GATE_EPS)
+
+
+def _is_internal(extra: dict | None) -> bool:
+    own = (extra or {}).get(KEY)
+    return isinstance(own, dict) and "sar_pass" in own
+
+
+__all__ = ["FINISH_REASON", "FLAT", "RESOLVED", "Group", "Pruner", "config_of", "requested", "resolve",
+           "wants_confidence"]
