@@ -1,5 +1,9 @@
 """Best-of-N reports: accuracy of each selector at each k, with bootstrap confidence intervals,
-as a text table, a JSON summary and a PNG plot. Shared by ``eval``, ``bon`` and the demo."""
+as a text table, a JSON summary and a PNG plot. Shared by ``eval``, ``bon`` and the demo.
+
+Beside the scores under test, a report carries the trivial intrinsic selectors a reader needs to
+judge them: majority vote, longest and shortest candidate, highest mean token log-prob and
+DeepConf's confidence (:data:`TRIVIAL`, from the candidates' :data:`SIGNAL_FIELDS`)."""
 
 from __future__ import annotations
 
@@ -21,13 +25,16 @@ class Candidates:
     """The first ``n`` candidates of ``P`` problems as matrices.
 
     ``correct`` bool ``[P, n]``; ``answers`` hashable keys (None: no answer); ``scores`` named
-    float64 ``[P, n]`` columns (NaN where a candidate has no such score).
+    float64 ``[P, n]`` columns (NaN where a candidate has no such score); ``pruned`` bool
+    ``[P, n]``, candidates stopped during generation (``swift_pruned``), which no selection picks
+    while their problem has another one (None: none was).
     """
 
     ids: list[str]
     correct: torch.Tensor
     answers: list[list[Hashable | None]]
     scores: dict[str, torch.Tensor] = field(default_factory=dict)
+    pruned: torch.Tensor | None = None
 
     @property
     def n(self) -> int:
@@ -35,10 +42,18 @@ class Candidates:
 
 
 def gather(
-    problems: Sequence[Problem], score_keys: Sequence[str] = (), n: int | None = None, where: str = ""
+    problems: Sequence[Problem],
+    score_keys: Sequence[str] = (),
+    n: int | None = None,
+    where: str = "",
+    signals: bool = False,
 ) -> Candidates:
     """Matrices from rollout problems. Every problem must have at least ``n`` candidates (default:
-    the fewest any problem has) and each of them a ``correct`` field."""
+    the fewest any problem has) and each of them a ``correct`` field.
+
+    ``signals``: also gather the trivial selectors' columns (:data:`SIGNAL_FIELDS`) that the
+    candidates have, under their field names (see :func:`signal_columns`); absent ones are left
+    out, never an error."""
     if not problems:
         raise DataError(f"{where or 'rollouts'}: no problems to evaluate")
     counts = [len(p.candidates) for p in problems]
@@ -66,24 +81,88 @@ def gather(
         correct.append(row_c)
         answers.append(row_a)
         for k in score_keys:
-            vals = []
-            for i, c in enumerate(p.candidates[:n]):
-                v = c.get(k)
-                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                    raise DataError(
-                        f"{loc}: problem {p.id!r} candidate {i}: score {k!r} must be a number or null, got {v!r}"
-                    )
-                vals.append(float("nan") if v is None else float(v))
-            cols[k].append(vals)
+            cols[k].append([_number(c, k, p, i, loc) for i, c in enumerate(p.candidates[:n])])
     for k in score_keys:
         if all(math.isnan(v) for row in cols[k] for v in row):
             raise DataError(f"{where}: no candidate has a score column {k!r}")
+    scores = {k: torch.tensor(v, dtype=torch.float64) for k, v in cols.items()}
+    if signals:
+        for k, v in signal_columns(problems, n, where).items():
+            scores.setdefault(k, v)
+    pruned = [[bool(c.get("swift_pruned")) for c in p.candidates[:n]] for p in problems]
     return Candidates(
         ids=[p.id for p in problems],
         correct=torch.tensor(correct, dtype=torch.bool),
         answers=answers,
-        scores={k: torch.tensor(v, dtype=torch.float64) for k, v in cols.items()},
+        pruned=torch.tensor(pruned, dtype=torch.bool) if any(map(any, pruned)) else None,
+        scores=scores,
     )
+
+
+def _number(c: dict, key: str, p: Problem, i: int, loc: str) -> float:
+    v = c.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise DataError(f"{loc}: problem {p.id!r} candidate {i}: score {key!r} must be a number or null, got {v!r}")
+    return float("nan") if v is None else float(v)
+
+
+#: Per-candidate fields of the trivial intrinsic selectors (written by
+#: ``swift_fast.hf.record_signals``): generated token count, mean token log-prob under the
+#: model's own distribution, DeepConf's lowest-group and tail confidence (``swift_fast.confidence``).
+SIGNAL_FIELDS = ("num_tokens", "mean_logprob", "conf_lowest", "conf_tail")
+
+#: The trivial selectors' rows: name -> (column, sign); the highest ``sign * value`` wins.
+TRIVIAL = {
+    "longest": ("num_tokens", 1.0),
+    "shortest": ("num_tokens", -1.0),
+    "mean logprob": ("mean_logprob", 1.0),
+    "confidence (lowest group)": ("conf_lowest", 1.0),
+    "confidence (tail)": ("conf_tail", 1.0),
+}
+
+
+def record_trace_signals(problems: Sequence[Problem], window: int) -> int:
+    """The :data:`SIGNAL_FIELDS` of every candidate that carries the vLLM plugin's per-token values
+    (``swift_trace`` with ``confidence`` and ``logprob``: a traced request with SAR on), written onto
+    it; the same quantities ``swift_fast.hf.record_signals`` computes with a second forward, here
+    free. Returns how many candidates got them."""
+    from .confidence import lowest_group, tail
+
+    done = 0
+    for p in problems:
+        for c in p.candidates:
+            tr = c.get("swift_trace")
+            if not isinstance(tr, dict) or "logprob" not in tr:
+                continue
+            lp, conf = tr["logprob"], tr["confidence"]
+            c["num_tokens"] = len(c["token_ids"])
+            c["mean_logprob"] = sum(lp) / len(lp) if lp else None
+            c["conf_lowest"] = lowest_group(conf, window) if conf else None
+            c["conf_tail"] = tail(conf, window) if conf else None
+            done += 1
+    return done
+
+
+def signal_columns(problems: Sequence[Problem], n: int, where: str = "") -> dict[str, torch.Tensor]:
+    """Float64 ``[P, n]`` columns of the :data:`SIGNAL_FIELDS` that at least one of the first
+    ``n`` candidates of a problem has (NaN where a candidate lacks it). ``num_tokens`` falls back
+    to ``len(token_ids)`` where a candidate has token ids but no such field."""
+    out = {}
+    for k in SIGNAL_FIELDS:
+        rows = []
+        for p in problems:
+            loc = p.where or where
+            row = []
+            for i, c in enumerate(p.candidates[:n]):
+                if k == "num_tokens" and c.get(k) is None and isinstance(c.get("token_ids"), list):
+                    row.append(float(len(c["token_ids"])))
+                else:
+                    row.append(_number(c, k, p, i, loc))
+            rows.append(row)
+        col = torch.tensor(rows, dtype=torch.float64).reshape(len(problems), n)
+        if not torch.isnan(col).all():
+            out[k] = col
+    return out
 
 
 # A selector maps (candidates, k) to per-problem outcomes in [0, 1] (1 = correct pick); an
@@ -100,8 +179,20 @@ def random_choice(c: Candidates, k: int) -> torch.Tensor:
     return c.correct[:, :k].double().mean(1)
 
 
+def _answers(c: Candidates, k: int) -> list[list[Hashable | None]]:
+    """Answers that may vote: a pruned candidate's (an unfinished text) does not, unless every one was."""
+    if c.pruned is None:
+        return c.answers
+    ok = bon.eligible(c.pruned, k).tolist()
+    return [[a if okp[i] else None for i, a in enumerate(row[:k])] for row, okp in zip(c.answers, ok)]
+
+
+def _col(c: Candidates, key: str, k: int) -> torch.Tensor:
+    return c.scores[key] if c.pruned is None else bon.exclude_pruned(c.scores[key], c.pruned, k)
+
+
 def majority(c: Candidates, k: int) -> torch.Tensor:
-    return _picked(c, bon.majority_vote(c.answers, k))
+    return _picked(c, bon.majority_vote(_answers(c, k), k))
 
 
 def oracle(c: Candidates, k: int) -> torch.Tensor:
@@ -109,25 +200,43 @@ def oracle(c: Candidates, k: int) -> torch.Tensor:
 
 
 def best_of(key: str) -> Selector:
-    return lambda c, k: _picked(c, bon.bon_select(c.scores[key], k))
+    return lambda c, k: _picked(c, bon.bon_select(c.scores[key], k, pruned=c.pruned))
 
 
 def weighted(key: str) -> Selector:
-    return lambda c, k: _picked(c, bon.weighted_vote(c.answers, c.scores[key], k))
+    return lambda c, k: _picked(c, bon.weighted_vote(_answers(c, k), c.scores[key], k))
 
 
 def ranked(a: str, b: str) -> Selector:
-    return lambda c, k: _picked(c, bon.combine_rank(c.scores[a], c.scores[b], k))
+    return lambda c, k: _picked(c, bon.combine_rank(_col(c, a, k), _col(c, b, k), k))
 
 
 def scaled(a: str, b: str) -> Selector:
-    return lambda c, k: _picked(c, bon.combine_scaled(c.scores[a], c.scores[b], k))
+    return lambda c, k: _picked(c, bon.combine_scaled(_col(c, a, k), _col(c, b, k), k))
 
 
-def standard_selectors(score: str | None, external: str | None = None, sar: str | None = None) -> dict[str, Selector]:
-    """The report's rows: random, majority, then selection by each score and their combinations,
-    oracle last."""
+def signed(key: str, sign: float) -> Selector:
+    """Best-of-k by ``sign * scores[key]`` (ties: lowest index; NaN never wins)."""
+    return lambda c, k: _picked(c, bon.bon_select(sign * c.scores[key], k, pruned=c.pruned))
+
+
+def trivial_selectors(c: Candidates) -> dict[str, Selector]:
+    """The trivial intrinsic selectors (:data:`TRIVIAL`) whose column ``c`` has (``gather(...,
+    signals=True)``): longest, shortest, mean logprob, confidence (lowest group), confidence (tail).
+    Majority vote, the other trivial selector, is a standard row."""
+    return {name: signed(key, sign) for name, (key, sign) in TRIVIAL.items() if key in c.scores}
+
+
+def standard_selectors(
+    score: str | None,
+    external: str | None = None,
+    sar: str | None = None,
+    trivial: dict[str, Selector] | None = None,
+) -> dict[str, Selector]:
+    """The report's rows: random, majority, the ``trivial`` selectors (see
+    :func:`trivial_selectors`), then selection by each score and their combinations, oracle last."""
     rows: dict[str, Selector] = {"random": random_choice, "majority": majority}
+    rows.update(trivial or {})
     for key in (score, sar, external):
         if key:
             rows[key] = best_of(key)
@@ -222,13 +331,19 @@ def plot(t: Table, path: str, title: str = "Best-of-N accuracy") -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(8.5, 4.5), dpi=120)
+    # tab20's dark shades first, then its light ones, greys left to oracle and random: distinct
+    # colours for up to 18 rows; the baselines (majority and the trivial selectors) dash-dotted,
+    # the scores solid
+    tab20 = [c for c in plt.get_cmap("tab20").colors if not c[0] == c[1] == c[2]]
+    palette = iter(tab20[0::2] + tab20[1::2])
     for name in t.rows:
         ys = [100 * t.rows[name][k] for k in t.ks]
         style = (
             dict(ls="--", color="grey") if name == "oracle pass@k"
             else dict(ls=":", color="black") if name == "random"
-            else {}
+            else dict(ls="-.", lw=1, color=next(palette, None)) if name in TRIVIAL or name == "majority"
+            else dict(lw=1.8, color=next(palette, None))
         )
         (line,) = ax.plot(t.ks, ys, marker="o", ms=3, label=name, **style)
         lo = [100 * t.ci[name][k][0] for k in t.ks]
@@ -241,7 +356,7 @@ def plot(t: Table, path: str, title: str = "Best-of-N accuracy") -> str:
     ax.set_ylabel("accuracy (%)")
     ax.set_title(f"{title} ({t.num_problems} problems)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path)

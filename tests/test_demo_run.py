@@ -42,6 +42,23 @@ def _check_outputs(out, problems, summary):
     for r in ("random", "majority", "SWIFT", "SAR", "SWIFT weighted vote", "SWIFT+SAR rank", "SWIFT+SAR scaled",
               "oracle pass@k"):
         assert r in rows
+    # the trivial intrinsic selectors beside SWIFT, as percentages in [0, 100]
+    trivial = ("longest", "shortest", "mean logprob", "confidence (lowest group)", "confidence (tail)")
+    for r in trivial:
+        assert all(0.0 <= 100 * v <= 100.0 for v in rows[r].values()), r
+    text = (out / "table.txt").read_text()
+    assert all(r in text for r in trivial) and "best trivial selector at k=" in text
+    s = table["summary"]
+    assert s["best_trivial"]["selector"] in (*trivial, "majority")
+    d = s["swift_minus_best_trivial"]
+    assert d["ci95"][0] <= d["difference"] <= d["ci95"][1]
+    assert s["signals"]["window"] == 16 and s["signals"]["top_k"] == 20 and s["signals"]["seconds"] >= 0
+    for p in problems:
+        for c in p.candidates:
+            assert c["num_tokens"] == len(c["token_ids"]) > 0
+            assert c["mean_logprob"] <= 0.0
+            # the tail is one of the windows the lowest group is the minimum of
+            assert 0.0 < c["conf_lowest"] <= c["conf_tail"] + 1e-6
     for p in problems:
         for c in p.candidates:
             assert c["correct"] == (T.extract_answer(c["text"]) == str(sum(map(int, p.question.split("+")))))
@@ -66,6 +83,16 @@ def test_demo_transformers_backend(tmp_path):
     _check_outputs(out, problems, summary)
     got = [c["swift_score"] for p in problems for c in p.candidates]
     assert got == pytest.approx(_reference_scores(problems), abs=1e-4)
+    # the mean log-prob agrees with the library's other log-prob path (fused kernel, no logits)
+    from transformers import AutoModelForCausalLM
+
+    from swift_fast.hf import response_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(A.ASSETS_DIR, A.MODEL), dtype=torch.float32).eval()
+    seqs = [p.prompt_token_ids + c["token_ids"] for p in problems for c in p.candidates]
+    lp, cu = response_logprobs(model, seqs, [len(p.prompt_token_ids) for p in problems for _ in p.candidates])
+    means = [lp[cu[i] : cu[i + 1]].double().mean().item() for i in range(len(seqs))]
+    assert [c["mean_logprob"] for p in problems for c in p.candidates] == pytest.approx(means, abs=1e-5)
 
 
 @pytest.mark.slow

@@ -69,3 +69,70 @@ def test_bon_cli_rejects_a_bad_vllm_argument(tmp_path, capsys):
     data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
     rc = main(["bon", "--model", path, "--head", str(hp), "--data", str(data), "--vllm", "oops"])
     assert rc == 2 and "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_bon_cli_prune_compares_with_full_best_of_n_on_the_same_draws(tmp_path, capsys, monkeypatch):
+    """`bon --prune`: the full run records per-token values, the pruned run (same per-problem seeds)
+    samples the same tokens up to each pruning point, and the replay of the policy on the full run
+    predicts the pruned run's tokens; pruned candidates are never picked."""
+    from swift_fast import prune_report
+    from swift_fast.pruning import PruneConfig
+
+    # In-process engine core: every request is queued before the first step. A separate engine
+    # process may start stepping while the requests still arrive, so a candidate can start a step
+    # after its siblings and the lock-step replay would be off by that step.
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+    path = build_tiny_model("llama", tmp_path / "llama")
+    hp = tmp_path / "head.safetensors"
+    make_head(path, layers=[0, 2], seed=4).save(hp)
+    data = tmp_path / "tiny.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(3)))
+    out = tmp_path / "run" / "bon.jsonl"
+    rc = main([
+        "bon", "--model", path, "--head", str(hp), "--data", str(data), "--n", "4", "--max-new-tokens", "12",
+        "--dtype", "float32", "--out", str(out), "--bootstrap", "50", "--no-progress",
+        "--prune", "warmup=4,every=4,keep=0.5,min_keep=1",
+        "--vllm", "enforce_eager=true", "--vllm", "max_model_len=256",
+        # room and budget for every candidate at once: the groups advance in lock step, as the replay assumes
+        "--vllm", f"kv_cache_memory_bytes={4096 * KV_BYTES_PER_TOKEN}", "--vllm", "max_num_batched_tokens=4096",
+    ])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    full = read_rollouts(out)
+    pruned = read_rollouts(tmp_path / "run" / "bon.pruned.jsonl")
+    assert [p.id for p in full] == [p.id for p in pruned] == ["q0", "q1", "q2"]
+    n_pruned = 0
+    for a, b in zip(full, pruned):
+        for ca, cb in zip(a.candidates, b.candidates):
+            assert "swift_trace" in ca and "swift_trace" not in cb and ca["swift_pruned"] is False
+            assert cb["token_ids"] == ca["token_ids"][: len(cb["token_ids"])], "same seeds, same draws"
+            n_pruned += cb["swift_pruned"]
+            if cb["swift_pruned"]:
+                assert cb["finish_reason"] == "pruned" and len(cb["token_ids"]) in (4, 8)
+    assert n_pruned > 0
+    cfg = PruneConfig(warmup=4, every=4, keep=0.5, min_keep=1)
+    predicted = prune_report.replayed(full, cfg, 4)
+    measured = prune_report.outcome(pruned, 4)
+    assert predicted.pruned.tolist() == measured.pruned.tolist()
+    assert predicted.total_tokens == measured.total_tokens == sum(len(c["token_ids"]) for p in pruned
+                                                                  for c in p.candidates)
+    summary = json.loads((tmp_path / "run" / "bon.summary.json").read_text())
+    pr = summary["prune"]
+    assert pr["measured"]["tokens"] == measured.total_tokens and pr["seconds"]["pruned"] > 0
+    assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence"}
+    assert (tmp_path / "run" / "bon.prune.png").stat().st_size > 1000
+    assert "pruned run:" in printed and "vLLM wall time" in printed
+
+
+def test_bon_cli_prune_rejects_bad_settings_by_name(tmp_path, capsys):
+    path = build_tiny_model("qwen2", tmp_path / "qwen2")
+    hp = tmp_path / "head.safetensors"
+    make_head(path, layers=[1]).save(hp)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
+    rc = main(["bon", "--model", path, "--head", str(hp), "--data", str(data), "--prune", "keep=3"])
+    assert rc == 2 and "--prune: keep" in capsys.readouterr().err
+    rc = main(["bon", "--model", path, "--head", str(hp), "--data", str(data), "--prune", "keep"])
+    assert rc == 2 and "key=value" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from .collect import add_generation_args, collect_config
 
@@ -20,6 +21,14 @@ Prompts and sampling are those of `swift-fast collect` (the dataset's template, 
 1.0, top-p 0.9). The rollout JSONL has one problem per line with every candidate's token ids,
 text, answer, correctness, `swift_score`, `swift_tokens` and `sar`. Resumable: problems are
 written as they finish and a rerun skips those already in --out.
+
+--prune [SETTINGS] also runs Best-of-N with the weakest candidates stopped while they are
+generated (the plugin's pruning; settings as JSON or key=value pairs: signal swift|confidence,
+warmup, every, keep, min_keep, window; defaults in `swift_fast.pruning.PruneConfig`), on the
+same problems with the same per-problem seeds, into <out>.pruned.jsonl. It reports both runs'
+generated tokens and vLLM wall time, BoN@N with the paired 95% interval of the difference, and
+<out>.prune.png: accuracy against tokens for a sweep of settings of both signals (SWIFT's
+running score and DeepConf's confidence), replayed on the full run's per-token values.
 """
 
 EXAMPLES = """\
@@ -27,6 +36,8 @@ examples:
   swift-fast bon --model Qwen/Qwen2.5-7B-Instruct --head head.safetensors --data gsm8k --n 16
   swift-fast bon --model M --head H --data math500 --n 16 --sar --out runs/math500.jsonl
   swift-fast bon --model M --head H --data test.jsonl --n 8 --vllm max_model_len=4096 --vllm enable_prefix_caching=true
+  swift-fast bon --model M --head H --data gsm8k --n 16 --prune
+  swift-fast bon --model M --head H --data gsm8k --n 16 --prune signal=swift,warmup=64,every=64,keep=0.5
 """
 
 
@@ -46,6 +57,9 @@ def add_parser(sub, name, help_):
     p.add_argument("--json", help="summary JSON path (default: <out>.summary.json)")
     p.add_argument("--vllm", action="append", default=[], metavar="KEY=VALUE",
                    help="extra vllm.LLM argument (value parsed as JSON when it can be), repeatable")
+    p.add_argument("--prune", nargs="?", const="{}", metavar="SETTINGS",
+                   help="also run Best-of-N with pruning during generation and compare (see above); SETTINGS as "
+                        'JSON (\'{"keep": 0.5}\') or key=value,key=value (default: the defaults)')
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the intervals (default 2000)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -72,12 +86,16 @@ def _engine_class():
 
         name = "vllm+swift"
 
+        seconds = 0.0  # wall time inside vLLM's generate
+
         def generate(self, prompts, seeds, cfg, contexts=None):
             seen = []
             orig = self.llm.generate
 
             def generate_and_keep(*a, **k):
+                t0 = time.perf_counter()
                 outs = orig(*a, **k)
+                self.seconds += time.perf_counter() - t0
                 seen.extend(outs)
                 return outs
 
@@ -90,6 +108,9 @@ def _engine_class():
                 for c, out in zip(cands, sorted(res.outputs, key=lambda o: o.index)):
                     c["swift_score"] = out.swift_score
                     c["swift_tokens"] = out.swift_tokens
+                    c["swift_pruned"] = bool(getattr(out, "swift_pruned", False))
+                    if getattr(out, "swift_trace", None) is not None:
+                        c["swift_trace"] = out.swift_trace
                     if hasattr(out, "sar"):
                         c["sar"] = out.sar
                         c["sar_context"] = out.sar_context
@@ -108,6 +129,7 @@ def run(args) -> int:
     from ..datasets import DataError, load_dataset
     from ..head import HeadError, SwiftHead
     from ..hf.collect import collect
+    from ..pruning import parse_text
     from ..rollouts import read_rollouts
 
     if args.n < 1:
@@ -121,11 +143,24 @@ def run(args) -> int:
         section = {"head": args.head, "sar": bool(args.sar)}
         extra.setdefault("additional_config", {})["swift_fast"] = section
         cfg = collect_config(args)
+        prune = parse_text(args.prune, "--prune") if args.prune is not None else None
+        if prune is not None and args.n < 2:
+            raise ValueError("--prune stops the weakest of each problem's candidates: it needs --n 2 or more")
+        pruned_out = os.path.splitext(out)[0] + ".pruned.jsonl"
         engine = _engine_class()(args.model, dtype=args.dtype, seed=args.seed, **extra)
         try:
+            if prune is not None:
+                cfg.plugin_args = {"trace": True, "prune": False}  # the sweep replays the per-token values
             stats = collect(
                 engine, engine.tokenizer, examples, out, cfg, progress=not args.no_progress, model_name=args.model
             )
+            seconds = engine.seconds
+            if prune is not None:
+                cfg.plugin_args = {"prune": prune.to_dict()}
+                engine.seconds = 0.0
+                pstats = collect(engine, engine.tokenizer, examples, pruned_out, cfg, progress=not args.no_progress,
+                                 model_name=args.model)
+                pseconds = engine.seconds
         finally:
             engine.close()
         ids = {str(ex.id) for ex in examples}
@@ -147,11 +182,55 @@ def run(args) -> int:
             title=f"{os.path.basename(args.model)} on {os.path.basename(str(args.data))}",
         )
         print(f"plot: {path}")
+    extra_summary = {}
+    if prune is not None:
+        try:
+            extra_summary["prune"] = _prune_report(args, problems, pruned_out, ids, prune, seconds, pseconds, stats,
+                                                   pstats, base)
+        except (DataError, ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     summary = report.save_json(
         table, args.json or base + ".summary.json", model=args.model, head=os.path.abspath(args.head),
         data=str(args.data), n=args.n, rollouts=os.path.abspath(out), generated=stats["written"],
-        resumed=stats["skipped_done"],
+        resumed=stats["skipped_done"], **extra_summary,
     )
     print(f"rollouts: {out} ({stats['written']} problems generated, {stats['skipped_done']} already there)")
     print(f"summary: {summary}")
     return 0
+
+
+def _prune_report(args, problems, pruned_out, ids, prune, seconds, pseconds, stats, pstats, base) -> dict:
+    """Print and return the comparison of the pruned run with the full one, and plot the sweep."""
+    from .. import prune_report as pr
+    from ..rollouts import read_rollouts
+
+    pruned = {p.id: p for p in read_rollouts(pruned_out) if p.id in ids}
+    pruned_problems = [pruned[p.id] for p in problems if p.id in pruned]
+    if len(pruned_problems) != len(problems):
+        raise ValueError(f"{pruned_out}: {len(problems) - len(pruned_problems)} problems of the full run are missing")
+    full = pr.outcome(problems, args.n, where=os.path.abspath(args.out or "rollouts"))
+    measured = pr.compare(full, pr.outcome(pruned_problems, args.n, where=pruned_out), reps=args.bootstrap)
+    predicted = pr.compare(full, pr.replayed(problems, prune, args.n), reps=args.bootstrap)
+    rows = pr.sweep(problems, args.n, base=prune, reps=min(args.bootstrap, 500))
+    timed = stats["written"] == len(problems) and pstats["written"] == len(problems)
+    print(f"\npruning ({', '.join(f'{k}={v}' for k, v in prune.to_dict().items())}), BoN@{args.n}:")
+    print("  " + pr.summary_text(measured, "pruned run"))
+    print("  " + pr.summary_text(predicted, "replayed on the full run"))
+    if timed:
+        print(f"  vLLM wall time: full {seconds:.1f} s, pruned {pseconds:.1f} s ({seconds / max(pseconds, 1e-9):.2f}x)")
+    else:
+        print("  vLLM wall time: not compared (a run resumed from earlier output)")
+    for frac in (0.5,):
+        best = pr.at_budget(rows, frac)
+        for signal, r in best.items():
+            what = "no swept setting" if r is None else pr.summary_text(r, f"best {signal} setting")
+            print(f"  at <= {100 * frac:.0f}% of the tokens, {signal}: {what}")
+    path = None
+    if args.plot != "none":
+        path = pr.plot_sweep(rows, base + ".prune.png", measured=[
+            ("pruned run (measured)", measured["token_fraction"], measured["accuracy"])])
+        print(f"  plot: {path}")
+    return {"settings": prune.to_dict(), "measured": measured, "replayed": predicted,
+            "seconds": {"full": seconds, "pruned": pseconds} if timed else None,
+            "rollouts": os.path.abspath(pruned_out), "sweep": rows, "plot": path}

@@ -9,12 +9,16 @@ import sys
 DESCRIPTION = """\
 Best-of-N accuracy at k = 1, 2, 4, ... N from a rollout file (JSONL, one problem per line, as
 written by `swift-fast collect`, `score` or `bon`). Rows: random choice (expected), majority
-vote, best-of-k by each score column, the score-weighted vote, rank and scaled combinations
-with --external / --sar, and oracle pass@k. Each cell carries a 95% bootstrap confidence
-interval over problems.
+vote, the trivial intrinsic selectors whose columns the candidates have (longest and shortest
+by `num_tokens`, else the length of `token_ids`; highest `mean_logprob`; DeepConf's
+`conf_lowest` and `conf_tail`, as `swift-fast demo` records them with
+swift_fast.hf.record_signals), best-of-k by each score column, the score-weighted vote, rank and
+scaled combinations with --external / --sar, and oracle pass@k. Each cell carries a 95%
+bootstrap confidence interval over problems.
 
 BoN@k uses the first k candidates of each problem in generation order; ties go to the lowest
-index. Candidates need a boolean `correct` (or use --grade) and, for voting, an `answer`.
+index; a missing score (null) never wins. Candidates need a boolean `correct` (or use --grade)
+and, for voting, an `answer`.
 """
 
 EXAMPLES = """\
@@ -45,6 +49,8 @@ def add_parser(sub, name, help_):
     p.add_argument("--bootstrap", type=int, default=2000,
                    help="bootstrap resamples for the confidence intervals (default 2000)")
     p.add_argument("--no-ci", action="store_true", help="print accuracies without intervals")
+    p.add_argument("--no-trivial", action="store_true",
+                   help="leave out the trivial selectors (longest, shortest, mean logprob, confidence)")
     return p
 
 
@@ -76,10 +82,11 @@ def run(args) -> int:
         if args.grade:
             regrade(problems)
         keys = [k for k in (args.score, args.sar, args.external) if k]
-        cands = report.gather(problems, keys, n=args.n, where=args.rollouts)
+        cands = report.gather(problems, keys, n=args.n, where=args.rollouts, signals=not args.no_trivial)
         ks = [int(x) for x in args.ks.split(",")] if args.ks else None
+        trivial = None if args.no_trivial else report.trivial_selectors(cands)
         table = report.bon_table(
-            cands, report.standard_selectors(args.score, args.external, args.sar), ks, reps=args.bootstrap
+            cands, report.standard_selectors(args.score, args.external, args.sar, trivial), ks, reps=args.bootstrap
         )
     except (DataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -44,6 +44,10 @@ def add_parser(sub, name, help_):
                    help="largest best_of_n a request may ask for (default 64)")
     p.add_argument("--select", choices=("swift", "sar", "rank", "scaled"), default="swift",
                    help="what best_of_n ranks by (default swift; sar/rank/scaled need --sar)")
+    p.add_argument("--prune", nargs="?", const="{}", metavar="SETTINGS",
+                   help="stop the weakest candidates of every request with n > 1 (and best_of_n) while they are "
+                        "generated, by default (a request's own \"prune\" field wins; \"prune\": false opts out); "
+                        "SETTINGS as JSON or key=value,key=value of signal, warmup, every, keep, min_keep, window")
     p.add_argument("model", help="Hugging Face model name or path (as for `vllm serve`)")
     p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="arguments for `vllm serve` (after MODEL)")
     return p
@@ -58,6 +62,10 @@ def vllm_argv(args) -> list[str]:
         section["sar_context"] = args.sar_context
     if args.max_best_of_n is not None:
         section["max_best_of_n"] = args.max_best_of_n
+    if getattr(args, "prune", None) is not None:
+        from ..pruning import parse_text
+
+        section["prune"] = parse_text(args.prune, "--prune").to_dict()
     PluginConfig.parse(section)  # bad combinations fail here, before vLLM starts
     rest = list(args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args)
     extra: dict = {}

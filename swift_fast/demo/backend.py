@@ -19,8 +19,8 @@ import torch
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling settings. ``seed`` seeds torch's generator for transformers; vLLM takes its seed
-    when the engine is built (``VLLMBackend(seed=...)``)."""
+    """Sampling settings. ``seed`` seeds torch's generator for transformers, and each prompt's
+    own seed in vLLM."""
 
     n: int = 16
     temperature: float = 1.0
@@ -149,7 +149,12 @@ def quiet_vllm_logs(level: str = "WARNING") -> None:
 
 class VLLMBackend:
     """The vLLM plugin on the CPU: ``LLM(additional_config={"swift_fast": {...}})``; every
-    ``CompletionOutput`` carries ``swift_score`` and ``sar``."""
+    ``CompletionOutput`` carries ``swift_score`` and ``sar``.
+
+    Each prompt is sampled with its own seed (``Sampling.seed`` and the prompt's index), so a run
+    draws the same tokens whatever else the engine runs beside it: a pruned run samples what the
+    full run sampled up to each pruning point. ``seconds`` accumulates the wall time inside
+    ``LLM.generate``."""
 
     name = "vllm"
 
@@ -162,9 +167,14 @@ class VLLMBackend:
             gpu_memory_utilization=0.3,  # on the CPU this is a fraction of host memory
             max_model_len=512,
             enforce_eager=True,
-            # The engine's seed, not per-request seeds: on the CPU, vLLM 0.32 fails a seeded
-            # request whose prefill is split across steps ("CPU Generator does not use offset").
             seed=seed,
+            # NOTE: vLLM 0.32 on the CPU fails a seeded request whose prefill is split across steps
+            # ("CPU Generator does not use offset"): prompts are prefilled whole.
+            enable_chunked_prefill=False,
+            # a whole wave of candidates prefilled in one step, and more of them per step: the
+            # candidates of a problem start together, and the tiny model's steps cost less overall
+            max_num_batched_tokens=16384,
+            max_num_seqs=512,
         )
         kwargs.update(engine_kwargs)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -173,6 +183,7 @@ class VLLMBackend:
             additional_config={"swift_fast": {"head": head_path, "sar": True}},
             **kwargs,
         )
+        self.seconds = 0.0
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
@@ -184,32 +195,46 @@ class VLLMBackend:
             self.llm = None
 
     def generate(
-        self, prompts: list[list[int]], sampling: Sampling, progress: bool = True, contexts=None
+        self, prompts: list[list[int]], sampling: Sampling, progress: bool = True, contexts=None,
+        plugin_args: dict | None = None,
     ) -> list[list[dict]]:
+        """``plugin_args``: per-request plugin settings (``prune``, ``trace``); candidates then also
+        carry ``swift_pruned`` and, traced, ``swift_trace``."""
+        import time
+
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+
+        def own(i):
+            d = dict(plugin_args or {})
+            if contexts is not None:
+                d["sar_context"] = list(contexts[i])
+            return {"swift_fast": d} if d else None
 
         params = [
             SamplingParams(
                 n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                max_tokens=sampling.max_new_tokens,
-                extra_args=None if contexts is None else {"swift_fast": {"sar_context": list(contexts[i])}},
+                max_tokens=sampling.max_new_tokens, seed=(sampling.seed * 1_000_003 + 7919 * i) & 0x7FFFFFFF,
+                extra_args=own(i),
             )
             for i in range(len(prompts))
         ]
+        t0 = time.perf_counter()
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=progress)
+        self.seconds += time.perf_counter() - t0
         eos = self.tokenizer.eos_token_id
         result = []
         for o in outs:
-            cands = sorted(o.outputs, key=lambda c: c.index)
-            result.append(
-                [
-                    _candidate(
-                        self.tokenizer, list(c.token_ids), eos, getattr(c, "swift_score", None), getattr(c, "sar", None)
-                    )
-                    for c in cands
-                ]
-            )
+            cands = []
+            for c in sorted(o.outputs, key=lambda c: c.index):
+                d = _candidate(self.tokenizer, list(c.token_ids), eos, getattr(c, "swift_score", None),
+                               getattr(c, "sar", None))
+                if getattr(c, "swift_pruned", False):
+                    d["swift_pruned"], d["finish_reason"] = True, "pruned"
+                if getattr(c, "swift_trace", None) is not None:
+                    d["swift_trace"] = c.swift_trace
+                cands.append(d)
+            result.append(cands)
         return result
 
 

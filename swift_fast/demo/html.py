@@ -1,4 +1,5 @@
-"""The demo's HTML page: for a few problems, every candidate with its scores, and its tokens
+"""The demo's HTML page: for a few problems, every candidate with its scores (SWIFT, SAR and the
+trivial selectors' signals: length, mean token log-prob, DeepConf confidence), and its tokens
 coloured by ``g_t * r_t`` (gate times token reward), the ten highest in green and the ten lowest
 in red (SWIFT paper, Table 11). Token values come from the head applied offline to the same
 token ids (``swift_fast.hf.extract_features`` + ``swift_fast.scoring.token_scores``)."""
@@ -72,7 +73,9 @@ def render(
         finite = [s if s is not None else float("-inf") for s in scores]
         chosen = max(range(len(finite)), key=lambda i: (finite[i], -i))
         parts.append(f"<h2>{html.escape(p.id)}: {html.escape(p.question)} = {html.escape(str(p.reference))}</h2>")
-        parts.append("<table><tr><th>#</th><th>SWIFT</th><th>SAR</th><th>answer</th>"
+        parts.append("<table><tr><th>#</th><th>SWIFT</th><th>SAR</th><th title='generated tokens'>len</th>"
+                     "<th title='mean token log-prob'>mean lp</th>"
+                     "<th title='DeepConf confidence: lowest group / tail'>conf low / tail</th><th>answer</th>"
                      "<th>response (tokens coloured by gate &times; reward)</th></tr>")
         for i, (c, v) in enumerate(zip(p.candidates, vals)):
             toks = [tokenizer.decode([t]) for t in c["token_ids"]]
@@ -80,7 +83,9 @@ def render(
             sar = c.get("sar")
             parts.append(
                 f"<tr class='{'sel-swift' if i == chosen else ''}'><td>{i}</td><td>{_fmt(c.get('swift_score'))}</td>"
-                f"<td>{_fmt(sar)}</td>"
+                f"<td>{_fmt(sar)}</td><td>{c.get('num_tokens', len(c['token_ids']))}</td>"
+                f"<td>{_fmt(c.get('mean_logprob'))}</td>"
+                f"<td>{_fmt(c.get('conf_lowest'), 2)} / {_fmt(c.get('conf_tail'), 2)}</td>"
                 f"<td class='{mark}'>{html.escape(str(c.get('answer')))} "
                 f"{'&#10003;' if c.get('correct') else '&#10007;'}</td>"
                 f"<td class='text'>{_marked(toks, v)}</td></tr>"
@@ -90,5 +95,5 @@ def render(
     return "\n".join(parts)
 
 
-def _fmt(x) -> str:
-    return "&ndash;" if x is None else f"{x:.3f}"
+def _fmt(x, digits: int = 3) -> str:
+    return "&ndash;" if x is None else f"{x:.{digits}f}"

@@ -1,11 +1,16 @@
 """``swift-fast demo``: Best-of-N on the held-out problems with the shipped model and head.
 
 For every test problem the backend samples N candidates (temperature 1.0, top-p 0.9), each
-carrying its SWIFT score and SAR; the candidates are graded against the exact sum and the
-Best-of-N table is built with ``swift_fast.report`` (random choice, majority vote, SWIFT, SAR,
-SWIFT-weighted vote, SWIFT+SAR rank and scaled, oracle pass@k, 95% bootstrap intervals over
-problems). Outputs in ``out_dir``: ``rollouts.jsonl``, ``table.txt``, ``table.json``,
-``bon.png`` and ``candidates.html``.
+carrying its SWIFT score and SAR; the candidates are graded against the exact sum, the shipped
+model gives each its trivial signals on the same token ids (``swift_fast.hf.record_signals``:
+generated length, mean token log-prob, DeepConf confidence), and the Best-of-N table is built with
+``swift_fast.report`` (random choice, majority vote, longest, shortest, mean logprob, confidence
+(lowest group) and (tail), SWIFT, SAR, SWIFT-weighted vote, SWIFT+SAR rank and scaled, oracle
+pass@k, 95% bootstrap intervals over problems). Outputs in ``out_dir``: ``rollouts.jsonl``,
+``table.txt``, ``table.json``, ``bon.png`` and ``candidates.html``.
+
+:func:`task_table` builds one task's table and summary from its graded, scored problems; a
+second task calls it on its own problems.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from dataclasses import asdict
 import torch
 
 from .. import report
+from ..confidence import TOP_K
+from ..pruning import PruneConfig
 from ..rollouts import Problem, write_rollouts
 from . import assets as A
 from . import task as T
@@ -25,6 +32,19 @@ from .tokenizer import prompt_ids
 
 KS = (1, 2, 4, 8, 16)
 SCORE, SAR = "SWIFT", "SAR"
+#: DeepConf's group size for the demo. The paper's W = 2048 is for reasoning traces of thousands
+#: of tokens; the demo's answers are 8 to 47 tokens (one token a character, median 26, in a run
+#: of the 3,200 held-out candidates). W = 16 is two running-sum steps (``46+5=51;`` is 8
+#: tokens): shorter than most answers, so the lowest group is a minimum over several windows
+#: rather than the mean of the whole answer, and the tail spans the last step and the final
+#: ``#answer``, where an early stop is decided.
+#: Chosen from the answer format, not tuned on the held-out problems.
+CONF_WINDOW = 16
+#: the pruning the demo runs beside full Best-of-N (see the README for the sweep behind it)
+DEMO_PRUNE = PruneConfig()
+#: the trivial selectors the summary compares SWIFT with (majority vote among them)
+TRIVIAL_ROWS = (*report.TRIVIAL, "majority")
+_BOOTSTRAP = "paired percentile bootstrap over problems, {reps} resamples"
 
 
 def problems_from_split(rows: list[dict], tokenizer) -> list[Problem]:
@@ -44,12 +64,22 @@ def grade(problem: Problem) -> None:
         c["correct"] = c["answer"] is not None and c["answer"] == str(problem.reference)
 
 
-def table(problems: list[Problem], ks=KS, reps: int = 2000):
-    """The BoN table and the paired difference SWIFT@max(k) minus single-sample accuracy."""
-    c = report.gather(problems, ["swift_score", "sar"], n=max(ks))
-    c.scores = {SCORE: c.scores["swift_score"], SAR: c.scores["sar"]}
-    t = report.bon_table(c, report.standard_selectors(SCORE, sar=SAR), ks=ks, reps=reps)
+def task_table(problems: list[Problem], ks=KS, reps: int = 2000) -> tuple[report.Table, dict]:
+    """One task's Best-of-N table and summary from its graded problems (candidates carrying
+    ``swift_score``, ``sar`` and, when computed, the :data:`swift_fast.report.SIGNAL_FIELDS`).
+
+    The summary, at ``k = max(ks)``: single-sample accuracy and the paired difference SWIFT@k
+    minus single sample; the best trivial selector (:data:`TRIVIAL_ROWS`) and the paired
+    difference SWIFT@k minus it; the best internal selector against majority vote. Differences
+    carry a 95% paired percentile bootstrap interval over problems (``reps`` resamples).
+    :func:`summary_text` renders it."""
+    c = report.gather(problems, ["swift_score", "sar"], n=max(ks), signals=True)
+    c.scores[SCORE] = c.scores.pop("swift_score")
+    c.scores[SAR] = c.scores.pop("sar")
+    rows = report.standard_selectors(SCORE, sar=SAR, trivial=report.trivial_selectors(c))
+    t = report.bon_table(c, rows, ks=ks, reps=reps)
     k = max(ks)
+    method = _BOOTSTRAP.format(reps=reps)
     # Single-sample accuracy per problem: the mean correctness of all its candidates (the
     # expectation of one sample); paired with SWIFT's pick on the same problem.
     single = c.correct[:, :k].double().mean(1)
@@ -57,30 +87,55 @@ def table(problems: list[Problem], ks=KS, reps: int = 2000):
     lo, hi = report.bootstrap_ci(d, reps=reps)
     best_internal = max((SCORE, f"{SCORE} weighted vote", SAR, f"{SCORE}+{SAR} rank", f"{SCORE}+{SAR} scaled"),
                         key=lambda r: t.rows[r][k])
+    # first of the best on a tie, in TRIVIAL_ROWS order
+    trivial = [r for r in TRIVIAL_ROWS if r in t.rows]
+    best_trivial = max(trivial, key=lambda r: t.rows[r][k])
+    dt, dt_lo, dt_hi = t.difference_ci(SCORE, best_trivial, k, reps=reps)
     summary = {
         "problems": len(problems),
         "k": k,
         "single_sample_accuracy": single.mean().item(),
-        "swift_minus_single": {"difference": d.mean().item(), "ci95": [lo, hi],
-                               "method": "paired percentile bootstrap over problems, 2000 resamples"},
+        "swift_minus_single": {"difference": d.mean().item(), "ci95": [lo, hi], "method": method},
         "best_internal": {"selector": best_internal, "accuracy": t.rows[best_internal][k]},
         "majority": t.rows["majority"][k],
+        "trivial": {r: t.rows[r][k] for r in trivial},
+        "best_trivial": {"selector": best_trivial, "accuracy": t.rows[best_trivial][k]},
+        "swift_minus_best_trivial": {"selector": best_trivial, "difference": dt, "ci95": [dt_lo, dt_hi],
+                                     "method": method},
         "bar": {
             "swift_10_points_over_single": d.mean().item() >= 0.10 and lo > 0,
             "best_internal_at_least_majority": t.rows[best_internal][k] >= t.rows["majority"][k],
+            "swift_above_best_trivial": dt_lo > 0,
         },
     }
     return t, summary
 
 
+#: the earlier name of :func:`task_table`
+table = task_table
+
+
 def summary_text(s: dict) -> str:
+    """Two lines: SWIFT against a single sample, and against the best trivial selector."""
     d = s["swift_minus_single"]
-    return (
-        f"single-sample accuracy {100 * s['single_sample_accuracy']:.1f}%; SWIFT@{s['k']} minus single sample "
-        f"{100 * d['difference']:+.1f} points, 95% CI [{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}] "
-        f"({d['method']}); best internal selector at k={s['k']}: {s['best_internal']['selector']} "
+    k = s["k"]
+    lines = [
+        f"single-sample accuracy {100 * s['single_sample_accuracy']:.1f}%; SWIFT@{k} minus single sample "
+        f"{_pts(d)} ({d['method']}); best internal selector at k={k}: {s['best_internal']['selector']} "
         f"{100 * s['best_internal']['accuracy']:.1f}% vs majority {100 * s['majority']:.1f}%"
-    )
+    ]
+    t = s.get("swift_minus_best_trivial")
+    if t:
+        lines.append(
+            f"best trivial selector at k={k}: {t['selector']} {100 * s['best_trivial']['accuracy']:.1f}%; "
+            f"SWIFT@{k} minus {t['selector']} {_pts(t)} (paired, same bootstrap)"
+        )
+    return "\n".join(lines)
+
+
+def _pts(d: dict) -> str:
+    return (f"{100 * d['difference']:+.1f} points, 95% CI "
+            f"[{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}]")
 
 
 def run_demo(
@@ -93,9 +148,11 @@ def run_demo(
     show: int = 4,
     progress: bool = True,
     verify: bool = True,
+    prune: PruneConfig | None = DEMO_PRUNE,
     log=print,
 ) -> dict:
-    """Run the demo end to end; return the summary (also written to ``out_dir/table.json``)."""
+    """Run the demo end to end; return the summary (also written to ``out_dir/table.json``).
+    ``prune``: settings of the pruned run beside full Best-of-N (vLLM backend; None: no pruned run)."""
     from transformers import AutoTokenizer
 
     t0 = time.time()
@@ -111,28 +168,50 @@ def run_demo(
     sampling = Sampling(n=n, seed=seed, max_new_tokens=prov["recipe"]["max_new_tokens"])
     log(f"swift-fast demo: {len(problems)} held-out problems x {n} candidates, backend {backend}")
     be = make_backend(backend, model_dir, head_path, seed=seed)
+    contexts = [p.extra["sar_context_token_ids"] for p in problems]
+    traced = be.name == "vllm"
+    pruning = None
     try:
-        cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress,
-                            contexts=[p.extra["sar_context_token_ids"] for p in problems])
+        # traced: each token's values come back too, for the trivial selectors and the pruning sweep
+        cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress, contexts=contexts,
+                            **({"plugin_args": {"trace": True}} if traced else {}))
+        for p, cs in zip(problems, cands):
+            p.candidates = cs
+            grade(p)
+        if traced and prune is not None and n > 1:
+            pruning = prune_run(be, problems, sampling, contexts, prune, out_dir, progress=progress, log=log)
     finally:
         be.close()
-    for p, cs in zip(problems, cands):
-        p.candidates = cs
-        grade(p)
+    model = _load_model(model_dir)
+    if traced and report.record_trace_signals(problems, CONF_WINDOW) == sum(len(p.candidates) for p in problems):
+        signals = {"window": CONF_WINDOW, "top_k": TOP_K, "candidates": sum(len(p.candidates) for p in problems),
+                   "seconds": 0.0, "source": "the vLLM plugin's per-token values (swift_trace)"}
+    else:
+        signals = add_signals(model, problems)
+        signals["source"] = "transformers, one forward per batch"
+    log(f"trivial signals (length, mean logprob, confidence W={CONF_WINDOW}, top-{signals['top_k']}) of "
+        f"{signals['candidates']} candidates: {signals['seconds']:.1f} s ({signals['source']})")
     os.makedirs(out_dir, exist_ok=True)
+    for p in problems:
+        for c in p.candidates:
+            c.pop("swift_trace", None)  # tens of floats per token: the report keeps what it needs
     write_rollouts(os.path.join(out_dir, "rollouts.jsonl"), problems)
-    t, s = table(problems, ks=ks)
-    s.update(backend=be.name, sampling=asdict(sampling), seconds=None)
+    t, s = task_table(problems, ks=ks)
+    s.update(backend=be.name, sampling=asdict(sampling), signals=signals, seconds=None)
+    if pruning is not None:
+        s["prune"] = pruning
     text = report.format_table(t)
     log(text)
     log(summary_text(s))
+    if pruning is not None:
+        log(prune_text(pruning))
     report.plot(t, os.path.join(out_dir, "bon.png"), title="swift-fast demo: Best-of-N on held-out sums")
     if show:
         # problems where selection matters (correct and incorrect candidates both present) first
         mixed = [p for p in problems if len({bool(c["correct"]) for c in p.candidates}) == 2]
         ids = {id(p) for p in mixed}
         shown = (mixed + [p for p in problems if id(p) not in ids])[:show]
-        _html(shown, model_dir, head_path, tok, os.path.join(out_dir, "candidates.html"), summary_text(s))
+        _html(shown, model, head_path, tok, os.path.join(out_dir, "candidates.html"), summary_text(s))
     s["seconds"] = round(time.time() - t0, 1)
     with open(os.path.join(out_dir, "table.txt"), "w", encoding="utf-8") as f:
         f.write(text + "\n" + summary_text(s) + "\n")
@@ -141,13 +220,93 @@ def run_demo(
     return s
 
 
-def _html(problems, model_dir, head_path, tok, path, summary):
+def prune_run(be, problems: list[Problem], sampling: Sampling, contexts, cfg: PruneConfig, out_dir: str,
+              progress: bool = True, log=print) -> dict:
+    """Best-of-N again on the same problems with ``cfg``'s pruning during generation (same
+    per-prompt seeds, so the same draws up to each pruning point); compared with the full run in
+    ``problems`` (traced), the sweep of settings replayed on the full run, ``prune.png``."""
+    from .. import prune_report as pr
+
+    n = sampling.n
+    full_seconds = be.seconds
+    be.seconds = 0.0
+    cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress, contexts=contexts,
+                        plugin_args={"prune": cfg.to_dict()})
+    pruned_seconds = be.seconds
+    pruned = [Problem(id=p.id, candidates=cs, question=p.question, reference=p.reference, kind=p.kind,
+                      prompt=p.prompt, prompt_token_ids=p.prompt_token_ids) for p, cs in zip(problems, cands)]
+    for p in pruned:
+        grade(p)
+    os.makedirs(out_dir, exist_ok=True)
+    write_rollouts(os.path.join(out_dir, "rollouts_pruned.jsonl"), pruned)
+    full = pr.outcome(problems, n)
+    measured = pr.compare(full, pr.outcome(pruned, n))
+    replayed = pr.compare(full, pr.replayed(problems, cfg, n))
+    rows = pr.sweep(problems, n, base=cfg, reps=500)
+    plot = pr.plot_sweep(rows, os.path.join(out_dir, "prune.png"), title="swift-fast demo: pruning during Best-of-N",
+                         measured=[("pruned run, shipped settings", measured["token_fraction"], measured["accuracy"])])
+    budget = pr.at_budget(rows, measured["token_fraction"])
+    return {
+        "settings": cfg.to_dict(),
+        "measured": measured,
+        "replayed": replayed,
+        "seconds": {"full": round(full_seconds, 2), "pruned": round(pruned_seconds, 2),
+                    "speedup": round(full_seconds / max(pruned_seconds, 1e-9), 3)},
+        "at_equal_budget": {k: None if v is None else {"settings": v["settings"], "accuracy": v["accuracy"],
+                                                        "token_fraction": v["token_fraction"]}
+                            for k, v in budget.items()},
+        "sweep": rows,
+        "plot": plot,
+    }
+
+
+def prune_text(d: dict) -> str:
+    """The pruning summary: settings, tokens, time, accuracy, and the two signals at equal budget."""
+    from .. import prune_report as pr
+
+    cfg = ", ".join(f"{k}={v}" for k, v in d["settings"].items())
+    t = d["seconds"]
+    lines = [f"pruning during generation ({cfg}), BoN@16 by SWIFT:",
+             "  " + pr.summary_text(d["measured"], "pruned run"),
+             f"  vLLM time {t['pruned']:.1f} s vs {t['full']:.1f} s for full Best-of-N ({t['speedup']:.2f}x faster)",
+             "  " + pr.summary_text(d["replayed"], "replayed on the full run's per-token values")]
+    for signal, r in d["at_equal_budget"].items():
+        if r is not None:
+            lines.append(f"  best swept {signal} setting within that token budget: {100 * r['accuracy']:.1f}% at "
+                         f"{100 * r['token_fraction']:.1f}% of the tokens ({r['settings']})")
+    return "\n".join(lines)
+
+
+def _load_model(model_dir: str):
     from transformers import AutoModelForCausalLM
 
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def add_signals(model, problems: list[Problem], window: int = CONF_WINDOW) -> dict:
+    """Record the trivial selectors' fields (``num_tokens``, ``mean_logprob``, ``conf_lowest``,
+    ``conf_tail``) on every candidate with the Hugging Face model; return their settings and the
+    seconds they took."""
+    from ..hf.signals import record_signals
+
+    t0 = time.perf_counter()
+    # One intra-op thread: the model's 128-wide matrices are too small for threads to pay, and
+    # on a busy machine (another process on a core) two threads waiting on each other made this
+    # pass ten times slower here (50 s against 5 s for the 3,200 candidates).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        sig = record_signals(model, problems, window=window, batch_size=64)
+    finally:
+        torch.set_num_threads(threads)
+    return {"window": sig.window, "top_k": sig.top_k, "candidates": int(sig.num_tokens.numel()),
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _html(problems, model, head_path, tok, path, summary):
     from ..head import SwiftHead
     from .html import render, token_values
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     head = SwiftHead.load(head_path)
     with torch.no_grad():
         values = [

@@ -12,6 +12,8 @@ on first use, so ``import swift_fast.hf`` does not import transformers.
 ``extract_features``           the exact states a head reads, packed over scored tokens
 ``response_logprobs``          log P of response tokens without ``[T, V]`` logits
 ``sar_rewards``                self-aligned reward: question-kept and question-removed passes
+``candidate_signals``          length, mean token log-prob and DeepConf confidence per candidate
+                               (the trivial selectors' columns; ``record_signals`` on rollouts)
 ``trl_sar_reward``             SAR as a TRL ``GRPOTrainer`` reward function
 ``train_from_rollouts``        train a head on graded rollouts, features recomputed per batch
 ``collect``                    sample, grade and write rollouts (vLLM or transformers)
@@ -37,6 +39,9 @@ _EXPORTS = {
     "response_logprobs": "logprobs",
     "sar_rewards": "sar",
     "question_removed_contexts": "sar",
+    "candidate_signals": "signals",
+    "record_signals": "signals",
+    "Signals": "signals",
     "trl_sar_reward": "adapters",
     "verl_question_removed_batch": "adapters",
     "verl_sar_reward": "adapters",

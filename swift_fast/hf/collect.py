@@ -47,6 +47,8 @@ class CollectConfig:
     chunk: int = 64  # problems per engine call: the unit of progress that survives an interruption
     grade_timeout: float | None = 5.0
     vllm_kwargs: dict = field(default_factory=dict)
+    #: per-request settings for the swift-fast vLLM plugin (``extra_args["swift_fast"]``, e.g. prune, trace)
+    plugin_args: dict = field(default_factory=dict)
 
 
 def problem_seed(seed: int, problem_id: str) -> int:
@@ -174,10 +176,16 @@ class VLLMEngine:
         """``contexts``: each prompt's question-removed prompt ids, for the plugin's SAR pass."""
         from vllm import SamplingParams
 
+        def plugin(i):
+            own = dict(cfg.plugin_args)
+            if contexts is not None:
+                own["sar_context"] = list(contexts[i])
+            return {"swift_fast": own} if own else None
+
         params = [
             SamplingParams(
                 n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens, seed=s,
-                extra_args=None if contexts is None else {"swift_fast": {"sar_context": list(contexts[i])}},
+                extra_args=plugin(i),
             )
             for i, s in enumerate(seeds)
         ]

@@ -1,0 +1,171 @@
+"""The trivial intrinsic selectors of the Best-of-N report (longest, shortest, mean logprob,
+DeepConf confidence) against picks worked out by hand, their columns from rollout candidates,
+and the demo's per-task table and summary built from them."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from swift_fast import report
+from swift_fast.cli import main
+from swift_fast.datasets import DataError
+from swift_fast.rollouts import Problem, write_rollouts
+
+NAN = math.nan
+
+# 3 problems x 4 candidates: (num_tokens, mean_logprob, conf_lowest, conf_tail) per candidate
+COLUMNS = {
+    "num_tokens": [[5, 9, 9, 3], [4, 4, 4, 4], [7, NAN, 2, 7]],
+    "mean_logprob": [[NAN, -1.0, -0.5, -0.5], [-2.0, -0.1, NAN, -0.3], [NAN, NAN, NAN, NAN]],
+    "conf_lowest": [[1.0, 3.0, 2.0, 3.0], [NAN, 0.5, 0.5, 0.7], [4.0, 4.0, 9.0, NAN]],
+    "conf_tail": [[2.0, 1.0, 1.0, 0.5], [0.2, 0.2, NAN, 0.1], [NAN, 1.0, 1.0, 3.0]],
+}
+# the picks, by hand: highest (lowest for shortest) value, ties to the lowest index, NaN never
+# wins; a problem whose first k values are all NaN falls back to candidate 0
+PICKS = {
+    4: {
+        "longest": [1, 0, 0],  # p0: 9 at c1 and c2 -> c1; p2: 7 at c0 and c3, NaN c1 -> c0
+        "shortest": [3, 0, 2],
+        "mean logprob": [2, 1, 0],  # p0: -0.5 at c2 and c3 -> c2; p2: all NaN -> c0
+        "confidence (lowest group)": [1, 3, 2],
+        "confidence (tail)": [0, 0, 3],
+    },
+    2: {
+        "longest": [1, 0, 0],
+        "shortest": [0, 0, 0],
+        "mean logprob": [1, 1, 0],  # p0: NaN vs -1.0 -> c1
+        "confidence (lowest group)": [1, 1, 0],  # p1: NaN vs 0.5 -> c1; p2: tie -> c0
+        "confidence (tail)": [0, 0, 1],  # p2: NaN vs 1.0 -> c1
+    },
+}
+
+
+def _candidates(correct=None):
+    scores = {k: torch.tensor(v, dtype=torch.float64) for k, v in COLUMNS.items()}
+    correct = torch.zeros(3, 4, dtype=torch.bool) if correct is None else correct
+    return report.Candidates(ids=["p0", "p1", "p2"], correct=correct, answers=[[None] * 4] * 3, scores=scores)
+
+
+def _picks(selector, k):
+    """The index each problem's pick has: the outcome is 1 exactly when the correct candidate is it."""
+    picks = [None] * 3
+    for j in range(4):
+        correct = torch.zeros(3, 4, dtype=torch.bool)
+        correct[:, j] = True
+        out = selector(_candidates(correct), k)
+        for p in range(3):
+            if out[p] == 1.0:
+                assert picks[p] is None
+                picks[p] = j
+    return picks
+
+
+@pytest.mark.parametrize("k", [4, 2])
+def test_trivial_selectors_pick_by_hand(k):
+    sel = report.trivial_selectors(_candidates())
+    assert list(sel) == ["longest", "shortest", "mean logprob", "confidence (lowest group)", "confidence (tail)"]
+    for name, want in PICKS[k].items():
+        assert _picks(sel[name], k) == want, name
+
+
+def test_trivial_rows_sit_between_majority_and_the_scores_in_the_table():
+    c = _candidates(torch.tensor([[0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 1, 1]], dtype=torch.bool))
+    c.scores["s"] = torch.tensor([[0.0, 1.0, 2.0, 3.0]] * 3, dtype=torch.float64)
+    rows = report.standard_selectors("s", trivial=report.trivial_selectors(c))
+    assert list(rows)[:7] == ["random", "majority", "longest", "shortest", "mean logprob",
+                              "confidence (lowest group)", "confidence (tail)"]
+    assert list(rows)[-1] == "oracle pass@k"
+    t = report.bon_table(c, rows, ks=[2, 4], reps=200)
+    # k=4 picks: longest [1,0,0] -> correct, correct, wrong; shortest [3,0,2] -> wrong, correct, correct
+    assert t.rows["longest"][4] == pytest.approx(2 / 3)
+    assert t.rows["shortest"][4] == pytest.approx(2 / 3)
+    assert t.rows["mean logprob"][4] == pytest.approx(1 / 3)  # [2,1,0]: correct, wrong, wrong
+    assert "longest" in report.format_table(t)
+
+
+def _problem(pid, cands, **kw):
+    return Problem(id=pid, candidates=cands, reference="1", prompt_token_ids=[0], **kw)
+
+
+def test_signal_columns_from_candidates():
+    ps = [
+        _problem("a", [{"token_ids": [1, 2, 3], "correct": True, "mean_logprob": -0.5},
+                       {"token_ids": [1], "num_tokens": 7, "correct": False, "mean_logprob": None}]),
+        _problem("b", [{"correct": True, "conf_tail": 2.0}, {"token_ids": [], "correct": False}]),
+    ]
+    c = report.gather(ps, signals=True)
+    # num_tokens: the field where present, else len(token_ids), else NaN
+    assert c.scores["num_tokens"].tolist()[0] == [3.0, 7.0]
+    assert math.isnan(c.scores["num_tokens"][1, 0]) and c.scores["num_tokens"][1, 1] == 0.0
+    assert c.scores["mean_logprob"].tolist()[0][0] == -0.5 and math.isnan(c.scores["mean_logprob"][0, 1])
+    assert "conf_lowest" not in c.scores  # no candidate has it: no row, no error
+    assert list(report.trivial_selectors(c)) == ["longest", "shortest", "mean logprob", "confidence (tail)"]
+    assert report.gather(ps).scores == {}  # only when asked
+    ps[0].candidates[0]["conf_tail"] = "high"
+    with pytest.raises(DataError, match="conf_tail"):
+        report.gather(ps, signals=True)
+
+
+def _demo_problems():
+    """8 problems x 4 candidates where the longest candidate is the correct one, SWIFT agrees on
+    6 of them and picks a wrong one on 2."""
+    out = []
+    for i in range(8):
+        cands = []
+        for j in range(4):
+            good = j == 2
+            cands.append({"token_ids": [5] * (10 if good else 6 + j), "text": "", "answer": "1" if good else str(j + 2),
+                          "correct": good, "swift_score": (1.0 if good else 0.0) if i < 6 else (1.0 if j == 0 else 0.0),
+                          "sar": 0.0, "mean_logprob": -1.0, "conf_lowest": 1.0, "conf_tail": float(j)})
+        out.append(_problem(f"p{i}", cands))
+    return out
+
+
+def test_task_table_names_the_best_trivial_selector_and_the_paired_difference():
+    from swift_fast.demo.run import summary_text, task_table
+
+    t, s = task_table(_demo_problems(), ks=(1, 2, 4), reps=500)
+    for r in ("longest", "shortest", "mean logprob", "confidence (lowest group)", "confidence (tail)", "majority"):
+        assert 0.0 <= t.rows[r][4] <= 1.0
+    assert t.rows["longest"][4] == 1.0 and t.rows["SWIFT"][4] == pytest.approx(6 / 8)
+    assert s["best_trivial"] == {"selector": "longest", "accuracy": 1.0}
+    d = s["swift_minus_best_trivial"]
+    assert d["selector"] == "longest" and d["difference"] == pytest.approx(-2 / 8)
+    assert d["ci95"][0] <= -2 / 8 <= d["ci95"][1] and d["ci95"][1] <= 0.0
+    assert "500 resamples" in d["method"] and s["bar"]["swift_above_best_trivial"] is False
+    assert "best trivial selector at k=4: longest 100.0%" in summary_text(s)
+
+
+def test_eval_cli_adds_the_trivial_rows_when_the_rollouts_have_them(tmp_path, capsys):
+    f = tmp_path / "r.jsonl"
+    write_rollouts(f, _demo_problems())
+    js = tmp_path / "s.json"
+    assert main(["eval", str(f), "--plot", "none", "--json", str(js), "--bootstrap", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "confidence (lowest group)" in out and "shortest" in out
+    acc = json.loads(js.read_text())["accuracy"]
+    assert acc["longest"]["4"] == 1.0 and acc["confidence (tail)"]["4"] == 0.0  # tail picks c3
+    assert main(["eval", str(f), "--plot", "none", "--no-trivial", "--bootstrap", "50"]) == 0
+    assert "longest" not in capsys.readouterr().out
+
+
+def test_pruned_candidates_neither_win_nor_vote_while_another_exists():
+    """Rollouts of a pruned run: ``swift_pruned`` candidates are never picked by a score, do not
+    vote, and count only in a problem whose candidates were all pruned."""
+    def cand(score, answer, correct, pruned):
+        return {"swift_score": score, "answer": answer, "correct": correct, "swift_pruned": pruned,
+                "token_ids": [1, 2]}
+
+    probs = [
+        Problem(id="a", candidates=[cand(0.9, "7", False, True), cand(0.9, "7", False, True),
+                                    cand(0.1, "5", True, False), cand(None, None, False, False)]),
+        Problem(id="b", candidates=[cand(0.2, "1", False, True), cand(0.8, "2", True, True),
+                                    cand(0.5, "1", False, True), cand(0.3, "1", False, True)]),
+    ]
+    c = report.gather(probs, ["swift_score"], n=4)
+    assert c.pruned.tolist() == [[True, True, False, False], [True, True, True, True]]
+    assert report.best_of("swift_score")(c, 4).tolist() == [1.0, 1.0]  # a: c2 (c3 has no score); b: c1
+    assert report.majority(c, 4).tolist() == [1.0, 0.0]  # a: "5" alone votes; b: all pruned, "1" wins
+    assert report.gather([Problem(id="x", candidates=[cand(0.1, "1", True, False)])], ["swift_score"]).pruned is None
