@@ -123,23 +123,25 @@ TRIVIAL = {
 
 def record_trace_signals(problems: Sequence[Problem], window: int) -> int:
     """The :data:`SIGNAL_FIELDS` of every candidate that carries the vLLM plugin's per-token values
-    (``swift_trace`` with ``confidence`` and ``logprob``: a traced request with SAR on), written onto
-    it; the same quantities ``swift_fast.hf.record_signals`` computes with a second forward, here
-    free. Returns how many candidates got them."""
+    (``swift_trace``), written onto it; the same quantities ``swift_fast.hf.record_signals`` computes
+    with a second forward, here free. ``mean_logprob`` needs the trace's ``logprob`` (SAR on).
+    Returns how many candidates got all four."""
     from .confidence import lowest_group, tail
 
     done = 0
     for p in problems:
         for c in p.candidates:
             tr = c.get("swift_trace")
-            if not isinstance(tr, dict) or "logprob" not in tr:
+            if not isinstance(tr, dict):
                 continue
-            lp, conf = tr["logprob"], tr["confidence"]
             c["num_tokens"] = len(c["token_ids"])
-            c["mean_logprob"] = sum(lp) / len(lp) if lp else None
+            conf = tr.get("confidence") or []
             c["conf_lowest"] = lowest_group(conf, window) if conf else None
             c["conf_tail"] = tail(conf, window) if conf else None
-            done += 1
+            lp = tr.get("logprob")
+            if lp is not None:  # with SAR on only
+                c["mean_logprob"] = sum(lp) / len(lp) if lp else None
+                done += 1
     return done
 
 

@@ -55,7 +55,8 @@ def test_bon_cli_generates_scores_grades_and_reports(tmp_path, capsys):
                                atol=ATOL)
     summary = json.loads((tmp_path / "run" / "bon.summary.json").read_text())
     assert summary["ks"] == [1, 2, 4] and summary["num_problems"] == 3
-    for row in ("majority", "swift_score", "sar", "swift_score+sar rank", "swift_score weighted vote", "oracle pass@k"):
+    for row in ("majority", "longest", "shortest", "swift_score", "sar", "swift_score+sar rank",
+                "swift_score weighted vote", "oracle pass@k"):
         assert row in summary["accuracy"]
     assert (tmp_path / "run" / "bon.bon.png").stat().st_size > 1000
     assert "swift_score" in printed and "oracle pass@k" in printed and "k=4" in printed
@@ -122,6 +123,7 @@ def test_bon_cli_prune_compares_with_full_best_of_n_on_the_same_draws(tmp_path, 
     pr = summary["prune"]
     assert pr["measured"]["tokens"] == measured.total_tokens and pr["seconds"]["pruned"] > 0
     assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence"}
+    assert {"longest", "confidence (lowest group)", "confidence (tail)"} <= set(summary["accuracy"])
     assert (tmp_path / "run" / "bon.prune.png").stat().st_size > 1000
     assert "pruned run:" in printed and "vLLM wall time" in printed
 

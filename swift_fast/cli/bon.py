@@ -167,9 +167,14 @@ def run(args) -> int:
         problems = [p for p in read_rollouts(out) if p.id in ids]
         sar_key = "sar" if args.sar else None
         keys = ["swift_score"] + ([sar_key] if sar_key else [])
-        cands = report.gather(problems, keys, n=args.n, where=out)
+        if prune is not None:
+            # a traced run carries each token's values: the confidence selectors come free (the
+            # pruning window as DeepConf's group size), length always does
+            report.record_trace_signals(problems, prune.window)
+        cands = report.gather(problems, keys, n=args.n, where=out, signals=True)
         ks = [int(x) for x in args.ks.split(",")] if args.ks else None
-        table = report.bon_table(cands, report.standard_selectors("swift_score", sar=sar_key), ks, reps=args.bootstrap)
+        rows = report.standard_selectors("swift_score", sar=sar_key, trivial=report.trivial_selectors(cands))
+        table = report.bon_table(cands, rows, ks, reps=args.bootstrap)
     except (DataError, HeadError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
