@@ -105,6 +105,27 @@ def test_demo_vllm_backend(tmp_path):
     _check_outputs(out, problems, summary)
     got = [c["swift_score"] for p in problems for c in p.candidates]
     assert got == pytest.approx(_reference_scores(problems), abs=1e-3)
+    # the trivial signals came from the plugin's per-token values: the transformers pass agrees
+    assert "swift_trace" in summary["signals"]["source"]
+    from transformers import AutoModelForCausalLM
+
+    from swift_fast.hf import record_signals
+
+    fields = ("num_tokens", "mean_logprob", "conf_lowest", "conf_tail")
+    plugin = [[c[f] for f in fields] for p in problems for c in p.candidates]
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(A.ASSETS_DIR, A.MODEL), dtype=torch.float32).eval()
+    record_signals(model, problems, window=16)
+    hf = [[c[f] for f in fields] for p in problems for c in p.candidates]
+    assert torch.tensor(plugin, dtype=torch.float64).allclose(torch.tensor(hf, dtype=torch.float64), atol=1e-4)
+    # the pruned run beside full Best-of-N
+    pr = json.loads((out / "table.json").read_text())["summary"]["prune"]
+    assert pr["settings"] == summary["prune"]["settings"] and pr["seconds"]["pruned"] > 0
+    m = pr["measured"]
+    assert m["tokens"] <= m["full_tokens"] == sum(len(c["token_ids"]) for p in problems for c in p.candidates)
+    pruned = read_rollouts(out / "rollouts_pruned.jsonl")
+    assert m["tokens"] == sum(len(c["token_ids"]) for p in pruned for c in p.candidates)
+    assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence"}
+    assert os.path.getsize(out / "prune.png") > 0
 
 
 def test_vllm_info_logs_are_quiet_unless_asked(monkeypatch):
@@ -122,7 +143,7 @@ def test_vllm_info_logs_are_quiet_unless_asked(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", sys.modules.get("vllm", object()))
     try:
         quiet_vllm_logs()
-        assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
-        assert logger.getEffectiveLevel() == logging.WARNING
+        assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"
+        assert logger.getEffectiveLevel() == logging.ERROR
     finally:
         logger.setLevel(before)

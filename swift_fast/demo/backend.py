@@ -129,8 +129,10 @@ class HFBackend:
         return out
 
 
-def quiet_vllm_logs(level: str = "WARNING") -> None:
-    """Keep vLLM's INFO lines out of ``swift-fast demo``'s output (they break up the progress bars).
+def quiet_vllm_logs(level: str = "ERROR") -> None:
+    """Keep vLLM's INFO lines and its start-up warnings about the CPU build (no Triton, no tcmalloc,
+    the V1 runner) out of ``swift-fast demo``'s output, where they break up the progress bars and
+    say nothing about the demo; the plugin's own warnings (logger ``swift_fast``) still show.
 
     ``VLLM_LOGGING_LEVEL`` is read when vLLM is imported, in this process and in the engine
     process it spawns, so it is set before the import (unless the user set it); a vLLM imported
