@@ -22,7 +22,7 @@ import torch
 
 from . import bon
 from .datasets import DataError
-from .pruning import PruneConfig, replay, running_confidence, running_swift
+from .pruning import SIGNALS, PruneConfig, replay, running_confidence, running_swift
 from .report import bootstrap_ci
 from .rollouts import Problem
 
@@ -32,8 +32,9 @@ SWEEP_WARMUPS = (4, 8, 16, 32, 64)
 SWEEP_KEEPS = (0.75, 0.5, 0.25)
 
 
-def signal_series(candidate: dict, cfg: PruneConfig, where: str = "") -> list[float]:
-    """A candidate's signal after each of its tokens, from its ``swift_trace``."""
+def signal_series(candidate: dict, cfg: PruneConfig, where: str = "") -> list:
+    """A candidate's signal after each of its tokens, from its ``swift_trace`` (``combined``:
+    ``(swift, confidence)`` pairs)."""
     tr = candidate.get("swift_trace")
     if not isinstance(tr, dict):
         raise DataError(
@@ -42,7 +43,10 @@ def signal_series(candidate: dict, cfg: PruneConfig, where: str = "") -> list[fl
         )
     if cfg.signal == "confidence":
         return running_confidence(tr["confidence"], cfg.window)
-    return running_swift(tr["gate_reward"], tr["gate"])
+    swift = running_swift(tr["gate_reward"], tr["gate"])
+    if cfg.signal == "combined":
+        return list(zip(swift, running_confidence(tr["confidence"], cfg.window)))
+    return swift
 
 
 @dataclass
@@ -121,12 +125,12 @@ def compare(full: Outcome, other: Outcome, reps: int = 2000) -> dict:
 
 def sweep(problems: Sequence[Problem], n: int, base: PruneConfig | None = None, reps: int = 500,
           warmups: Sequence[int] = SWEEP_WARMUPS, keeps: Sequence[float] = SWEEP_KEEPS) -> list[dict]:
-    """Replay a grid of settings (both signals; ``every = warmup``; ``min_keep`` and ``window`` from
+    """Replay a grid of settings (every signal; ``every = warmup``; ``min_keep`` and ``window`` from
     ``base``) on full-run rollouts; one row per setting with :func:`compare`'s fields."""
     base = base or PruneConfig()
     full = outcome(problems, n)
     rows = []
-    for signal in ("swift", "confidence"):
+    for signal in SIGNALS:
         for w in warmups:
             for keep in keeps:
                 cfg = PruneConfig(signal=signal, warmup=w, every=w, keep=keep, min_keep=base.min_keep,
@@ -139,7 +143,7 @@ def at_budget(rows: Sequence[dict], fraction: float) -> dict[str, dict | None]:
     """Per signal, the most accurate swept setting that generates at most ``fraction`` of the full
     run's tokens (None when none does): the equal-budget comparison of the two signals."""
     out: dict[str, dict | None] = {}
-    for signal in ("swift", "confidence"):
+    for signal in SIGNALS:
         ok = [r for r in rows if r["settings"]["signal"] == signal and r["token_fraction"] <= fraction]
         out[signal] = max(ok, key=lambda r: (r["accuracy"], -r["token_fraction"])) if ok else None
     return out
@@ -156,8 +160,9 @@ def plot_sweep(rows: Sequence[dict], path: str, title: str = "Pruning during Bes
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colours = {"swift": "tab:blue", "confidence": "tab:orange"}
-    labels = {"swift": "running SWIFT score", "confidence": "DeepConf lowest-group confidence"}
+    colours = {"swift": "tab:blue", "confidence": "tab:orange", "combined": "tab:green"}
+    labels = {"swift": "running SWIFT score", "confidence": "DeepConf lowest-group confidence",
+              "combined": "both (rank combination)"}
     for signal, colour in colours.items():
         pts = sorted((r["token_fraction"], 100 * r["accuracy"]) for r in rows if r["settings"]["signal"] == signal)
         if pts:

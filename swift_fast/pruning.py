@@ -15,6 +15,9 @@ Signals (higher is better):
 ``confidence``
     DeepConf's lowest group confidence so far (:mod:`swift_fast.confidence`): the minimum over
     sliding windows of ``window`` tokens of the mean top-20 token confidence; the baseline.
+``combined``
+    both, by the SWIFT paper's rank combination: each candidate's rank under either signal (0
+    best), the larger of the two ranks it, lowest first.
 
 Policy. A group is the candidates of one request (``n > 1`` or a server ``best_of_n``). Its
 *running* candidates are those neither finished nor pruned. Decision ``d`` (0, 1, 2, ...) is
@@ -44,7 +47,7 @@ from typing import Any, Mapping, Sequence
 
 from .definitions import GATE_EPS
 
-SIGNALS = ("swift", "confidence")
+SIGNALS = ("swift", "confidence", "combined")
 #: settings of a :class:`PruneConfig`, in the order ``--help`` and error messages list them
 FIELDS = ("signal", "warmup", "every", "keep", "min_keep", "window")
 
@@ -57,11 +60,11 @@ class PruneConfigError(ValueError):
 class PruneConfig:
     """How a group's candidates are pruned (see the module docstring for the policy).
 
-    ``signal``: ``"swift"`` or ``"confidence"``; ``warmup``: tokens every running candidate has
+    ``signal``: ``"swift"``, ``"confidence"`` or ``"combined"``; ``warmup``: tokens every running candidate has
     generated before the first decision (>= 1); ``every``: tokens between decisions (0: one
     decision); ``keep``: fraction of the running candidates kept at each decision, in (0, 1];
     ``min_keep``: fewest unpruned candidates a group keeps (>= 1); ``window``: tokens per
-    confidence group (signal ``confidence``).
+    confidence group (signals ``confidence`` and ``combined``).
     """
 
     signal: str = "swift"
@@ -165,18 +168,32 @@ def threshold(cfg: PruneConfig, decision: int) -> int | None:
     return cfg.warmup + decision * cfg.every
 
 
-def to_prune(values: Sequence[float], cfg: PruneConfig, others: int = 0) -> list[int]:
-    """Positions in ``values`` (the ranked candidates' signals, in candidate order) that a
-    decision prunes; ``others``: the group's unpruned candidates outside the ranking (finished,
-    or not started)."""
+def _ranks(values: Sequence[float]) -> list[int]:
+    """Rank of each value, 0 the highest (NaN ranks last; ties: the lower index first)."""
+    key = [(-math.inf if v is None or math.isnan(v) else float(v)) for v in values]
+    order = sorted(range(len(key)), key=lambda i: (-key[i], i))
+    r = [0] * len(key)
+    for pos, i in enumerate(order):
+        r[i] = pos
+    return r
+
+
+def to_prune(values: Sequence, cfg: PruneConfig, others: int = 0) -> list[int]:
+    """Positions in ``values`` (the ranked candidates' signals, in candidate order; for
+    ``combined``, ``(swift, confidence)`` pairs) that a decision prunes; ``others``: the group's
+    unpruned candidates outside the ranking (finished, or not started)."""
     m = len(values)
     if m == 0:
         return []
     kept = max(math.ceil(cfg.keep * m - 1e-9), cfg.min_keep - others)
     if kept >= m:
         return []
-    key = [(-math.inf if v is None or math.isnan(v) else float(v)) for v in values]
-    order = sorted(range(m), key=lambda i: (-key[i], i))  # best first, ties: lower index
+    if cfg.signal == "combined":
+        ra, rb = _ranks([v[0] for v in values]), _ranks([v[1] for v in values])
+        rank = [max(a, b) for a, b in zip(ra, rb)]
+    else:
+        rank = _ranks(values)
+    order = sorted(range(m), key=lambda i: (rank[i], i))  # best first, ties: lower index
     return sorted(order[kept:])
 
 

@@ -42,7 +42,7 @@ def test_parse_fills_from_the_base_then_the_defaults_and_coerces_flat_strings():
     ({"every": -2}, r"every must be a whole number >= 0"),
     ({"min_keep": 0}, r"min_keep"),
     ({"window": 2.5}, r"prune.window must be a whole number of tokens"),
-    ({"signal": "entropy"}, r"signal must be one of \['swift', 'confidence'\], got 'entropy'"),
+    ({"signal": "entropy"}, r"signal must be one of \['swift', 'confidence', 'combined'\], got 'entropy'"),
     ({"kepp": 0.5}, r"unknown setting\(s\) \['kepp'\]"),
     ({"warmup": True}, r"prune.warmup must be a number"),
     ({"keep": "half"}, r"prune.keep must be a number, got 'half'"),
@@ -80,6 +80,17 @@ def test_to_prune_keeps_the_best_fraction_ties_to_the_lower_index_nan_last():
     assert to_prune([None, 0.2], PruneConfig(keep=0.5, min_keep=1)) == [0]
     assert to_prune([1.0, 2.0, 3.0], PruneConfig(keep=1.0, min_keep=1)) == []
     assert to_prune([], cfg) == []
+
+
+def test_combined_ranks_by_the_larger_of_the_two_ranks():
+    cfg = PruneConfig(signal="combined", keep=0.5, min_keep=1)
+    # swift ranks: c0 0, c1 1, c2 2, c3 3; confidence ranks: c0 3, c1 0, c2 1, c3 2
+    # max ranks: c0 3, c1 1, c2 2, c3 3 -> keep c1 and c2
+    pairs = [(4.0, 0.1), (3.0, 0.9), (2.0, 0.8), (1.0, 0.5)]
+    assert to_prune(pairs, cfg) == [0, 3]
+    # ties on the max rank go to the lower index; NaN ranks last under its signal
+    assert to_prune([(1.0, math.nan), (0.5, 1.0), (0.2, 0.9), (0.9, 0.8)], PruneConfig(signal="combined", keep=0.25,
+                                                                                    min_keep=1)) == [0, 2, 3]
 
 
 def test_min_keep_counts_the_candidates_outside_the_ranking():

@@ -116,14 +116,12 @@ def check_group(ref, head, prompt, outputs, cfg: PruneConfig, sar=True):
         assert c.swift_tokens == len(r), "every generated token is scored exactly once, pruned or not"
     got = torch.tensor([c.swift_score for c in outputs], dtype=torch.float32)
     torch.testing.assert_close(got, ref.swift(head, [prompt] * len(outputs), responses), rtol=RTOL, atol=ATOL)
-    if cfg.signal == "swift":
-        def values_at(i, t):
-            return prefix_swift(ref, head, prompt, responses[i], t)
-    else:
-        confs = [token_confidences(ref, prompt, r) for r in responses]
+    confs = [token_confidences(ref, prompt, r) for r in responses]
 
-        def values_at(i, t):
-            return lowest_window_mean(confs[i][:t], cfg.window)
+    def values_at(i, t):
+        swift = prefix_swift(ref, head, prompt, responses[i], t)
+        conf = lowest_window_mean(confs[i][:t], cfg.window)
+        return {"swift": swift, "confidence": conf, "combined": (swift, conf)}[cfg.signal]
     # a candidate the engine stopped would have run on: how far is unknown, and the replay must
     # stop it where the engine did, on values of the tokens it has
     would_run = [math.inf if c.finish_reason == "pruned" else len(r) for c, r in zip(outputs, responses)]
@@ -143,7 +141,7 @@ def check_group(ref, head, prompt, outputs, cfg: PruneConfig, sar=True):
 
 
 # -- decisions and exactness ---------------------------------------------------------------------
-@pytest.mark.parametrize("signal", ["swift", "confidence"])
+@pytest.mark.parametrize("signal", ["swift", "confidence", "combined"])
 def test_decisions_follow_the_policy_on_reference_values(engine, signal):
     llm, head, ref = engine
     cfg = PruneConfig(signal=signal, warmup=5, every=4, keep=0.5, min_keep=1, window=4)

@@ -117,7 +117,7 @@ def config_of(params) -> PruneConfig | None:
 
 def wants_confidence(params) -> bool:
     d = (getattr(params, "extra_args", None) or {}).get(RESOLVED)
-    return isinstance(d, dict) and d.get("signal") == "confidence"
+    return isinstance(d, dict) and d.get("signal") in ("confidence", "combined")
 
 
 class Group:
@@ -174,7 +174,7 @@ class Pruner:
             group = parent_req._swift_fast_group = Group(cfg, parent_req.n)
         group.members[index] = rs
         acc.group = group
-        if cfg.signal == "confidence":
+        if cfg.signal in ("confidence", "combined"):
             acc.conf = RunningConfidence(cfg.window)
 
     def decide(self, groups, is_running) -> list:
@@ -202,13 +202,14 @@ class Pruner:
         return out
 
 
-def signal(acc, cfg: PruneConfig) -> float:
-    """A running candidate's signal (higher is better; NaN when it has none)."""
+def signal(acc, cfg: PruneConfig):
+    """A running candidate's signal (higher is better; NaN when it has none; ``combined``: the
+    ``(swift, confidence)`` pair)."""
+    conf = acc.conf.value() if acc.conf is not None else math.nan
     if cfg.signal == "confidence":
-        return acc.conf.value() if acc.conf is not None else math.nan
-    if acc.n == 0:
-        return math.nan
-    return acc.wsum / max(acc.gsum, GATE_EPS)
+        return conf
+    swift = acc.wsum / max(acc.gsum, GATE_EPS) if acc.n else math.nan
+    return (swift, conf) if cfg.signal == "combined" else swift
 
 
 def _is_internal(extra: dict | None) -> bool:
