@@ -182,7 +182,9 @@ class FrontEnd:
             result = orig_process(keep, *args, **kwargs)
             fe._release(result.request_outputs)
             if fe._touched:
-                fe._prune(result)
+                # vLLM's signature: process_outputs(outputs, engine_core_timestamp, iteration_stats, ...)
+                stats = kwargs.get("iteration_stats", args[1] if len(args) > 1 else None)
+                fe._prune(result, stats)
             return result
 
         def _finish_request(self_, req_state):
@@ -245,9 +247,10 @@ class FrontEnd:
         acc = rs._swift_fast
         return self.op.request_states.get(rs.request_id) is rs and acc.held is None and not acc.pruned
 
-    def _prune(self, result) -> None:
+    def _prune(self, result, iteration_stats=None) -> None:
         """Stop the candidates the pruning policy drops this step (:mod:`.pruning`): each gets its
-        final output now and is aborted in the engine core with the step's ``reqs_to_abort``."""
+        final output now and is aborted in the engine core with the step's ``reqs_to_abort``; the
+        engine's statistics count it as a finished (aborted) request, as vLLM's loop would."""
         from vllm.v1.engine import FinishReason
 
         groups, self._touched = self._touched, set()
@@ -256,6 +259,7 @@ class FrontEnd:
             self._emit(rs, out, result.request_outputs)
             self._orig_finish(rs)
             result.reqs_to_abort.append(rs.request_id)
+            self.op._update_stats_from_finished(rs, FinishReason.ABORT, iteration_stats)
 
     @staticmethod
     def _emit(rs, out, request_outputs: list) -> None:
