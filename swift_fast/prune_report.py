@@ -149,6 +149,14 @@ def at_budget(rows: Sequence[dict], fraction: float) -> dict[str, dict | None]:
     return out
 
 
+def recommend(rows: Sequence[dict], max_drop: float = 0.01, signal: str = "swift") -> dict | None:
+    """The swept ``signal`` setting that generates the fewest tokens while its accuracy stays within
+    ``max_drop`` of full Best-of-N (ties: the more accurate); None when none does. Run it on
+    problems other than those it is reported on (the demo uses its training problems)."""
+    ok = [r for r in rows if r["settings"]["signal"] == signal and r["accuracy"] >= r["full_accuracy"] - max_drop]
+    return min(ok, key=lambda r: (r["token_fraction"], -r["accuracy"])) if ok else None
+
+
 def plot_sweep(rows: Sequence[dict], path: str, title: str = "Pruning during Best-of-N",
                measured: Sequence[tuple[str, float, float]] = ()) -> str:
     """Accuracy against generated tokens (fraction of full Best-of-N) for each swept setting, one

@@ -22,6 +22,11 @@ def add_parser(sub, name, help_):
     p.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto",
                    help="generation engine: the vLLM plugin (default when vLLM imports) or transformers")
     p.add_argument("--limit", type=int, default=None, help="run on the first N held-out problems only")
+    p.add_argument("--split", choices=("test", "train"), default="test",
+                   help="run: the held-out problems (default), or the training problems (to choose pruning "
+                        "settings on problems the held-out results are not measured on)")
+    p.add_argument("--no-prune", action="store_true",
+                   help="run: no pruned run beside full Best-of-N (the replayed sweep of settings still runs)")
     p.add_argument("--n", type=int, default=16, help="candidates per problem (default 16)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--show", type=int, default=4, help="problems shown in the HTML page")
@@ -62,8 +67,11 @@ def run(args) -> int:
         # this command's own process and the engine it spawns: a library call never does this
         quiet_vllm_logs()
     try:
+        from ..demo.run import DEMO_PRUNE
+
         run_demo(out_dir=args.out or "demo_out", root=args.assets or A.ASSETS_DIR, backend=args.backend,
-                 limit=args.limit, n=args.n, seed=args.seed, show=args.show, progress=not args.no_progress)
+                 limit=args.limit, n=args.n, seed=args.seed, show=args.show, progress=not args.no_progress,
+                 prune=None if args.no_prune else DEMO_PRUNE, split=f"{args.split}.jsonl")
     except A.AssetError as e:
         raise SystemExit(f"swift-fast demo: {e}") from None
     return 0

@@ -149,10 +149,13 @@ def run_demo(
     progress: bool = True,
     verify: bool = True,
     prune: PruneConfig | None = DEMO_PRUNE,
+    split: str = "test.jsonl",
     log=print,
 ) -> dict:
     """Run the demo end to end; return the summary (also written to ``out_dir/table.json``).
-    ``prune``: settings of the pruned run beside full Best-of-N (vLLM backend; None: no pruned run)."""
+    ``prune``: settings of the pruned run beside full Best-of-N (vLLM backend; None: only the
+    replayed sweep); ``split``: the problems (``train.jsonl`` to choose pruning settings on problems
+    the held-out results are not measured on)."""
     from transformers import AutoTokenizer
 
     t0 = time.time()
@@ -160,7 +163,7 @@ def run_demo(
     model_dir = os.path.join(root, A.MODEL)
     head_path = os.path.join(root, A.HEAD)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    rows = A.read_split(root, "test.jsonl")
+    rows = A.read_split(root, split)
     if limit:
         rows = rows[:limit]
     problems = problems_from_split(rows, tok)
@@ -178,7 +181,7 @@ def run_demo(
         for p, cs in zip(problems, cands):
             p.candidates = cs
             grade(p)
-        if traced and prune is not None and n > 1:
+        if traced and n > 1:
             pruning = prune_run(be, problems, sampling, contexts, prune, out_dir, progress=progress, log=log)
     finally:
         be.close()
@@ -220,61 +223,81 @@ def run_demo(
     return s
 
 
-def prune_run(be, problems: list[Problem], sampling: Sampling, contexts, cfg: PruneConfig, out_dir: str,
+def prune_run(be, problems: list[Problem], sampling: Sampling, contexts, cfg: PruneConfig | None, out_dir: str,
               progress: bool = True, log=print) -> dict:
-    """Best-of-N again on the same problems with ``cfg``'s pruning during generation (same
-    per-prompt seeds, so the same draws up to each pruning point); compared with the full run in
-    ``problems`` (traced), the sweep of settings replayed on the full run, ``prune.png``."""
+    """Pruning on a traced full run (``problems``): the sweep of settings replayed on its per-token
+    values (and the setting :func:`swift_fast.prune_report.recommend` picks), then, with ``cfg``,
+    Best-of-N again on the same problems with that pruning during generation (same per-prompt
+    seeds: the same draws up to each pruning point), compared with the full run; ``prune.png``."""
     from .. import prune_report as pr
 
     n = sampling.n
-    full_seconds = be.seconds
-    be.seconds = 0.0
-    cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress, contexts=contexts,
-                        plugin_args={"prune": cfg.to_dict()})
-    pruned_seconds = be.seconds
-    pruned = [Problem(id=p.id, candidates=cs, question=p.question, reference=p.reference, kind=p.kind,
-                      prompt=p.prompt, prompt_token_ids=p.prompt_token_ids) for p, cs in zip(problems, cands)]
-    for p in pruned:
-        grade(p)
-    os.makedirs(out_dir, exist_ok=True)
-    write_rollouts(os.path.join(out_dir, "rollouts_pruned.jsonl"), pruned)
     full = pr.outcome(problems, n)
-    measured = pr.compare(full, pr.outcome(pruned, n))
-    replayed = pr.compare(full, pr.replayed(problems, cfg, n))
-    rows = pr.sweep(problems, n, base=cfg, reps=500)
-    plot = pr.plot_sweep(rows, os.path.join(out_dir, "prune.png"), title="swift-fast demo: pruning during Best-of-N",
-                         measured=[("pruned run, shipped settings", measured["token_fraction"], measured["accuracy"])])
-    budget = pr.at_budget(rows, measured["token_fraction"])
-    return {
-        "settings": cfg.to_dict(),
-        "measured": measured,
-        "replayed": replayed,
-        "seconds": {"full": round(full_seconds, 2), "pruned": round(pruned_seconds, 2),
-                    "speedup": round(full_seconds / max(pruned_seconds, 1e-9), 3)},
-        "at_equal_budget": {k: None if v is None else {"settings": v["settings"], "accuracy": v["accuracy"],
-                                                        "token_fraction": v["token_fraction"]}
-                            for k, v in budget.items()},
-        "sweep": rows,
-        "plot": plot,
-    }
+    rows = pr.sweep(problems, n, base=cfg or PruneConfig(), reps=500)
+    rec = pr.recommend(rows)
+    out: dict = {"sweep": rows, "recommended": None if rec is None else {
+        "settings": rec["settings"], "accuracy": rec["accuracy"], "token_fraction": rec["token_fraction"],
+        "rule": "the swept SWIFT setting with the fewest tokens within 1 point of full Best-of-N"}}
+    measured_pts = []
+    if cfg is not None:
+        full_seconds = be.seconds
+        be.seconds = 0.0
+        cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress, contexts=contexts,
+                            plugin_args={"prune": cfg.to_dict()})
+        pruned_seconds = be.seconds
+        pruned = [Problem(id=p.id, candidates=cs, question=p.question, reference=p.reference, kind=p.kind,
+                          prompt=p.prompt, prompt_token_ids=p.prompt_token_ids) for p, cs in zip(problems, cands)]
+        for p in pruned:
+            grade(p)
+        os.makedirs(out_dir, exist_ok=True)
+        write_rollouts(os.path.join(out_dir, "rollouts_pruned.jsonl"), pruned)
+        measured = pr.compare(full, pr.outcome(pruned, n))
+        budget = pr.at_budget(rows, measured["token_fraction"])
+        out.update(
+            settings=cfg.to_dict(),
+            measured=measured,
+            replayed=pr.compare(full, pr.replayed(problems, cfg, n)),
+            seconds={"full": round(full_seconds, 2), "pruned": round(pruned_seconds, 2),
+                     "speedup": round(full_seconds / max(pruned_seconds, 1e-9), 3)},
+            at_equal_budget={k: None if v is None else {"settings": v["settings"], "accuracy": v["accuracy"],
+                                                         "token_fraction": v["token_fraction"]}
+                             for k, v in budget.items()},
+        )
+        measured_pts.append(("pruned run, shipped settings", measured["token_fraction"], measured["accuracy"]))
+    os.makedirs(out_dir, exist_ok=True)
+    out["plot"] = pr.plot_sweep(rows, os.path.join(out_dir, "prune.png"), title="swift-fast demo: pruning during "
+                                "Best-of-N", measured=measured_pts)
+    return out
 
 
 def prune_text(d: dict) -> str:
-    """The pruning summary: settings, tokens, time, accuracy, and the two signals at equal budget."""
+    """The pruning summary: settings, tokens, time, accuracy, the signals at equal budget, and
+    the setting the sweep recommends."""
     from .. import prune_report as pr
 
-    cfg = ", ".join(f"{k}={v}" for k, v in d["settings"].items())
-    t = d["seconds"]
-    lines = [f"pruning during generation ({cfg}), BoN@16 by SWIFT:",
-             "  " + pr.summary_text(d["measured"], "pruned run"),
-             f"  vLLM time {t['pruned']:.1f} s vs {t['full']:.1f} s for full Best-of-N ({t['speedup']:.2f}x faster)",
-             "  " + pr.summary_text(d["replayed"], "replayed on the full run's per-token values")]
-    for signal, r in d["at_equal_budget"].items():
-        if r is not None:
-            lines.append(f"  best swept {signal} setting within that token budget: {100 * r['accuracy']:.1f}% at "
-                         f"{100 * r['token_fraction']:.1f}% of the tokens ({r['settings']})")
+    lines = []
+    if "measured" in d:
+        t = d["seconds"]
+        lines += [f"pruning during generation ({_settings(d['settings'])}), Best-of-N by SWIFT:",
+                  "  " + pr.summary_text(d["measured"], "pruned run"),
+                  f"  vLLM time {t['pruned']:.1f} s vs {t['full']:.1f} s for full Best-of-N "
+                  f"({t['speedup']:.2f}x faster)",
+                  "  " + pr.summary_text(d["replayed"], "replayed on the full run's per-token values")]
+        for signal, r in d["at_equal_budget"].items():
+            if r is not None:
+                lines.append(f"  best swept {signal} setting within that token budget: {100 * r['accuracy']:.1f}% at "
+                             f"{100 * r['token_fraction']:.1f}% of the tokens ({_settings(r['settings'])})")
+    if "measured" not in d:
+        lines.append("pruning during generation, replayed on the full run's per-token values:")
+    r = d.get("recommended")
+    lines.append("  sweep (replayed): " + ("no SWIFT setting stays within 1 point of full Best-of-N" if r is None else
+                 f"fewest tokens within 1 point of full Best-of-N: {_settings(r['settings'])}, "
+                 f"{100 * r['token_fraction']:.1f}% of the tokens, {100 * r['accuracy']:.1f}%"))
     return "\n".join(lines)
+
+
+def _settings(d: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items())
 
 
 def _load_model(model_dir: str):
