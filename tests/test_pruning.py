@@ -169,3 +169,50 @@ def test_running_confidence_does_not_drift_on_long_sequences():
     for x in c:
         r.push(x)
     assert r.value() == pytest.approx(_lowest_by_loops(c, 7), rel=1e-12)
+
+
+# -- the report --------------------------------------------------------------------------------
+def _cand(gr, g, conf, correct, score):
+    return {"token_ids": list(range(len(g))), "correct": correct, "swift_score": score,
+            "swift_trace": {"gate_reward": gr, "gate": g, "confidence": conf}}
+
+
+def test_replayed_outcome_counts_tokens_and_picks_among_the_unpruned_by_hand():
+    from swift_fast import prune_report as pr
+    from swift_fast.rollouts import Problem
+
+    # candidate 0 leads after 2 tokens but ends wrong with the best final score; 1 and 2 are pruned at 2
+    p = Problem(id="p", candidates=[
+        _cand([1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0] * 4, False, 0.5),
+        _cand([0.0, 0.0, 4.0], [1.0, 1.0, 1.0], [3.0] * 3, True, 4.0 / 3),
+        _cand([0.5, 0.0, 0.0], [1.0, 1.0, 1.0], [2.0] * 3, True, 1.0 / 6),
+        _cand([2.0, 2.0], [1.0, 1.0], [0.5, 0.5], True, 2.0),  # finishes at the threshold
+    ])
+    cfg = PruneConfig(warmup=2, every=0, keep=0.5, min_keep=1)
+    out = pr.replayed([p], cfg, 4)
+    # at 2 tokens: running 0, 1, 2 (3 finished) with running scores 1.0, 0.0, 0.25 -> keep ceil(1.5) = 2
+    assert out.pruned.tolist() == [[False, True, False, False]]
+    assert out.total_tokens == 4 + 2 + 3 + 2
+    assert out.correct.tolist() == [1.0]  # the pick is candidate 3 (score 2.0), never the pruned 1
+    conf = pr.replayed([p], PruneConfig(signal="confidence", warmup=2, every=0, keep=0.5, min_keep=1, window=2), 4)
+    assert conf.pruned.tolist() == [[True, False, False, False]]  # lowest confidence among 0, 1, 2
+    full = pr.outcome([p], 4)
+    c = pr.compare(full, out, reps=50)
+    assert c["token_fraction"] == pytest.approx(11 / 12) and c["difference"] == 0.0 and c["pruned_candidates"] == 1
+    with pytest.raises(Exception, match="swift_trace"):
+        pr.replayed([Problem(id="q", candidates=[{"token_ids": [1], "correct": True, "swift_score": 1.0}])], cfg, 1)
+
+
+def test_recommend_and_equal_budget_pick_by_hand():
+    from swift_fast import prune_report as pr
+
+    def row(signal, frac, acc):
+        return {"settings": {"signal": signal}, "token_fraction": frac, "accuracy": acc, "full_accuracy": 0.9}
+
+    rows = [row("swift", 0.3, 0.85), row("swift", 0.5, 0.895), row("swift", 0.6, 0.9), row("confidence", 0.4, 0.89),
+            row("confidence", 0.7, 0.88)]
+    assert pr.recommend(rows)["token_fraction"] == 0.5
+    assert pr.recommend(rows, signal="confidence")["token_fraction"] == 0.4
+    assert pr.recommend(rows, max_drop=0.0)["token_fraction"] == 0.6
+    best = pr.at_budget(rows, 0.5)
+    assert best["swift"]["accuracy"] == 0.895 and best["confidence"]["accuracy"] == 0.89 and best["combined"] is None
