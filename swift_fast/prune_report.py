@@ -8,8 +8,11 @@ tokens, summed over all candidates, pruned ones up to where they stopped.
 
 The sweep replays :func:`swift_fast.pruning.replay` on the candidates of a full run that carry
 their per-token values (``swift_trace``: a run with ``trace`` on). With per-request seeds, a
-pruned run samples the same tokens as the full run up to each pruning point, so the replay
-predicts its tokens and its picks; measured runs check that prediction.
+pruned run samples the same tokens as the full run up to each pruning point (on the CPU; on a
+GPU another batch make-up can change the logits' last bits, and with them a draw now and then),
+so the replay predicts its tokens and its picks; measured runs check that prediction. Cost
+counts the tokens the candidates kept; with a separate engine-core process a pruned candidate
+may compute a step or two more before its abort lands, which is not counted.
 """
 
 from __future__ import annotations

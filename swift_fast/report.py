@@ -176,9 +176,15 @@ def _picked(c: Candidates, idx: torch.Tensor) -> torch.Tensor:
     return c.correct.gather(1, idx.view(-1, 1)).squeeze(1).double()
 
 
+def _eligible(c: Candidates, k: int) -> torch.Tensor:
+    """``[P, k]``: the candidates a selection may pick (all but the pruned, unless all were)."""
+    return torch.ones_like(c.correct[:, :k]) if c.pruned is None else bon.eligible(c.pruned, k)
+
+
 def random_choice(c: Candidates, k: int) -> torch.Tensor:
-    """Expected accuracy of a uniformly random pick among the first k."""
-    return c.correct[:, :k].double().mean(1)
+    """Expected accuracy of a uniformly random pick among the first k (the unpruned ones)."""
+    ok = _eligible(c, k)
+    return (c.correct[:, :k] & ok).double().sum(1) / ok.double().sum(1)
 
 
 def _answers(c: Candidates, k: int) -> list[list[Hashable | None]]:
@@ -198,7 +204,7 @@ def majority(c: Candidates, k: int) -> torch.Tensor:
 
 
 def oracle(c: Candidates, k: int) -> torch.Tensor:
-    return c.correct[:, :k].any(1).double()
+    return (c.correct[:, :k] & _eligible(c, k)).any(1).double()
 
 
 def best_of(key: str) -> Selector:
@@ -209,12 +215,32 @@ def weighted(key: str) -> Selector:
     return lambda c, k: _picked(c, bon.weighted_vote(_answers(c, k), c.scores[key], k))
 
 
+def _among_eligible(c: Candidates, k: int, idx: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """``idx`` unless it is a pruned candidate; then the eligible one with the highest ``key``
+    (ties: lowest index). ``key``: ``[P, k]``, higher is better."""
+    if c.pruned is None:
+        return idx
+    ok = bon.eligible(c.pruned, k)
+    fallback = bon.bon_select(torch.where(ok, key, float("nan")), k, pruned=~ok)
+    return torch.where(ok.gather(1, idx.view(-1, 1)).squeeze(1), idx, fallback)
+
+
 def ranked(a: str, b: str) -> Selector:
-    return lambda c, k: _picked(c, bon.combine_rank(_col(c, a, k), _col(c, b, k), k))
+    def select(c, k):
+        sa, sb = _col(c, a, k), _col(c, b, k)
+        idx = bon.combine_rank(sa, sb, k)
+        return _picked(c, _among_eligible(c, k, idx, -torch.maximum(bon.ranks(sa, k), bon.ranks(sb, k)).double()))
+
+    return select
 
 
 def scaled(a: str, b: str) -> Selector:
-    return lambda c, k: _picked(c, bon.combine_scaled(_col(c, a, k), _col(c, b, k), k))
+    def select(c, k):
+        sa, sb = _col(c, a, k), _col(c, b, k)
+        idx = bon.combine_scaled(sa, sb, k)
+        return _picked(c, _among_eligible(c, k, idx, (bon.minmax(sa, k) + bon.minmax(sb, k)) / 2))
+
+    return select
 
 
 def signed(key: str, sign: float) -> Selector:

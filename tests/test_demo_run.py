@@ -124,7 +124,7 @@ def test_demo_vllm_backend(tmp_path):
     assert m["tokens"] <= m["full_tokens"] == sum(len(c["token_ids"]) for p in problems for c in p.candidates)
     pruned = read_rollouts(out / "rollouts_pruned.jsonl")
     assert m["tokens"] == sum(len(c["token_ids"]) for p in pruned for c in p.candidates)
-    assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence"}
+    assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence", "combined"}
     assert os.path.getsize(out / "prune.png") > 0
 
 

@@ -169,3 +169,25 @@ def test_pruned_candidates_neither_win_nor_vote_while_another_exists():
     assert report.best_of("swift_score")(c, 4).tolist() == [1.0, 1.0]  # a: c2 (c3 has no score); b: c1
     assert report.majority(c, 4).tolist() == [1.0, 0.0]  # a: "5" alone votes; b: all pruned, "1" wins
     assert report.gather([Problem(id="x", candidates=[cand(0.1, "1", True, False)])], ["swift_score"]).pruned is None
+
+
+def test_combinations_oracle_and_random_leave_pruned_candidates_out():
+    """A pruned candidate's partial text may grade as correct and its scores may be the best: the
+    combinations, the oracle and random choice count only the others (unless all were pruned)."""
+    def cand(s, t, correct, pruned):
+        return {"swift_score": s, "sar": t, "answer": None, "correct": correct, "swift_pruned": pruned,
+                "token_ids": [1]}
+
+    probs = [
+        Problem(id="a", candidates=[cand(0.9, 0.9, True, True), cand(None, None, False, False),
+                                    cand(0.1, 0.2, False, False)]),
+        Problem(id="b", candidates=[cand(0.9, 0.1, True, True), cand(0.2, 0.8, True, True),
+                                    cand(0.1, 0.0, False, True)]),
+    ]
+    c = report.gather(probs, ["swift_score", "sar"], n=3)
+    # a: the pruned c0 is best on both scores and correct; the eligible pick is c2 (c1 has no
+    #    score and ranks last); b: all pruned, so all count
+    assert report.ranked("swift_score", "sar")(c, 3).tolist() == [0.0, 1.0]
+    assert report.scaled("swift_score", "sar")(c, 3).tolist() == [0.0, 1.0]
+    assert report.oracle(c, 3).tolist() == [0.0, 1.0]
+    assert report.random_choice(c, 3).tolist() == [0.0, pytest.approx(2 / 3)]

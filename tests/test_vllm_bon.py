@@ -107,7 +107,7 @@ def test_bon_cli_prune_compares_with_full_best_of_n_on_the_same_draws(tmp_path, 
     n_pruned = 0
     for a, b in zip(full, pruned):
         for ca, cb in zip(a.candidates, b.candidates):
-            assert "swift_trace" in ca and "swift_trace" not in cb and ca["swift_pruned"] is False
+            assert "swift_trace" in ca and "swift_trace" in cb and ca["swift_pruned"] is False
             assert cb["token_ids"] == ca["token_ids"][: len(cb["token_ids"])], "same seeds, same draws"
             n_pruned += cb["swift_pruned"]
             if cb["swift_pruned"]:
@@ -122,10 +122,18 @@ def test_bon_cli_prune_compares_with_full_best_of_n_on_the_same_draws(tmp_path, 
     summary = json.loads((tmp_path / "run" / "bon.summary.json").read_text())
     pr = summary["prune"]
     assert pr["measured"]["tokens"] == measured.total_tokens and pr["seconds"]["pruned"] > 0
-    assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence"}
+    assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence", "combined"}
     assert {"longest", "confidence (lowest group)", "confidence (tail)"} <= set(summary["accuracy"])
     assert (tmp_path / "run" / "bon.prune.png").stat().st_size > 1000
     assert "pruned run:" in printed and "vLLM wall time" in printed
+    # a rerun with other settings does not resume the pruned run written with these
+    rc = main([
+        "bon", "--model", path, "--head", str(hp), "--data", str(data), "--n", "4", "--max-new-tokens", "12",
+        "--dtype", "float32", "--out", str(out), "--no-progress", "--prune", "keep=0.25",
+        "--vllm", "enforce_eager=true", "--vllm", "max_model_len=256",
+    ])
+    assert rc == 2 and "bon.pruned.jsonl:1: the pruned run resumes from rollouts generated with plugin settings" in \
+        capsys.readouterr().err
 
 
 def test_bon_cli_prune_rejects_bad_settings_by_name(tmp_path, capsys):

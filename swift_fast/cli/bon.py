@@ -23,12 +23,14 @@ text, answer, correctness, `swift_score`, `swift_tokens` and `sar`. Resumable: p
 written as they finish and a rerun skips those already in --out.
 
 --prune [SETTINGS] also runs Best-of-N with the weakest candidates stopped while they are
-generated (the plugin's pruning; settings as JSON or key=value pairs: signal swift|confidence,
-warmup, every, keep, min_keep, window; defaults in `swift_fast.pruning.PruneConfig`), on the
-same problems with the same per-problem seeds, into <out>.pruned.jsonl. It reports both runs'
-generated tokens and vLLM wall time, BoN@N with the paired 95% interval of the difference, and
-<out>.prune.png: accuracy against tokens for a sweep of settings of both signals (SWIFT's
-running score and DeepConf's confidence), replayed on the full run's per-token values.
+generated (the plugin's pruning; settings as JSON or key=value pairs: signal
+swift|confidence|combined, warmup, every, keep, min_keep, window; defaults in
+`swift_fast.pruning.PruneConfig`), on the same problems with the same per-problem seeds, into
+<out>.pruned.jsonl. It reports both runs' generated tokens and vLLM wall time (both runs traced),
+BoN@N with the paired 95% interval of the difference, and <out>.prune.png: accuracy against
+tokens for a sweep of settings of every signal (SWIFT's running score, DeepConf's confidence,
+both), replayed on the full run's per-token values. A rerun resumes a run only when it was
+written with the same settings.
 """
 
 EXAMPLES = """\
@@ -150,13 +152,17 @@ def run(args) -> int:
         engine = _engine_class()(args.model, dtype=args.dtype, seed=args.seed, **extra)
         try:
             if prune is not None:
-                cfg.plugin_args = {"trace": True, "prune": False}  # the sweep replays the per-token values
+                # both runs traced (the sweep replays the full run's per-token values), so their
+                # times differ by the pruning alone
+                cfg.plugin_args = {"trace": True, "prune": False}
+                _check_resumed(out, cfg.plugin_args, "the full run")
             stats = collect(
                 engine, engine.tokenizer, examples, out, cfg, progress=not args.no_progress, model_name=args.model
             )
             seconds = engine.seconds
             if prune is not None:
-                cfg.plugin_args = {"prune": prune.to_dict()}
+                cfg.plugin_args = {"trace": True, "prune": prune.to_dict()}
+                _check_resumed(pruned_out, cfg.plugin_args, "the pruned run")
                 engine.seconds = 0.0
                 pstats = collect(engine, engine.tokenizer, examples, pruned_out, cfg, progress=not args.no_progress,
                                  model_name=args.model)
@@ -203,6 +209,29 @@ def run(args) -> int:
     print(f"rollouts: {out} ({stats['written']} problems generated, {stats['skipped_done']} already there)")
     print(f"summary: {summary}")
     return 0
+
+
+def _check_resumed(path: str, plugin_args: dict, what: str) -> None:
+    """Refuse to resume a rollout file written with other per-request plugin settings (another
+    pruning, or untraced): its problems would be mixed with, or reported as, this run's."""
+    import json as _json
+
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                had = _json.loads(line).get("plugin_args") or {}
+            except ValueError:
+                continue  # a torn last line: the writer truncates it when it resumes
+            if had != plugin_args:
+                raise ValueError(
+                    f"{path}:{i}: {what} resumes from rollouts generated with plugin settings {had or 'none'}, not "
+                    f"{plugin_args}: use another --out, or remove the file to regenerate"
+                )
+            return
 
 
 def _prune_report(args, problems, pruned_out, ids, prune, seconds, pseconds, stats, pstats, base) -> dict:

@@ -242,9 +242,13 @@ def prune_run(be, problems: list[Problem], sampling: Sampling, contexts, cfg: Pr
     if cfg is not None:
         full_seconds = be.seconds
         be.seconds = 0.0
+        # traced as the full run was, so the two times differ by the pruning alone
         cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress, contexts=contexts,
-                            plugin_args={"prune": cfg.to_dict()})
+                            plugin_args={"prune": cfg.to_dict(), "trace": True})
         pruned_seconds = be.seconds
+        for cs in cands:
+            for c in cs:
+                c.pop("swift_trace", None)
         pruned = [Problem(id=p.id, candidates=cs, question=p.question, reference=p.reference, kind=p.kind,
                           prompt=p.prompt, prompt_token_ids=p.prompt_token_ids) for p, cs in zip(problems, cands)]
         for p in pruned:

@@ -287,6 +287,7 @@ def collect(
                             "model": model_name,
                             "engine": engine.name,
                             "sampling": sampling,
+                            **({"plugin_args": cfg.plugin_args} if cfg.plugin_args else {}),
                         },
                     )
                 )

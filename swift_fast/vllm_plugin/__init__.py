@@ -43,10 +43,11 @@ Data path (vLLM 0.32, V1 model runner)
    with the question emptied, an explicit context, or the BOS default).
 6. Pruning (:mod:`.pruning`, policy in :mod:`swift_fast.pruning`): with a ``prune`` setting
    (engine default or per request), the candidates of a request with ``n > 1`` are ranked by
-   their running SWIFT score (or DeepConf's confidence) as they are generated, and the weakest
-   are stopped: finished in the front end as a stop string finishes a request, with
-   ``swift_pruned = True``, and aborted in the engine core after the step, which frees their KV
-   blocks before the next step is scheduled.
+   their running SWIFT score (or DeepConf's confidence, or both) as they are generated, and the
+   weakest are stopped: finished in the front end as a stop string finishes a request, with
+   ``swift_pruned = True``, and aborted in the engine core with the step's aborts, which frees
+   their KV blocks (before the next step in-process; a step or two later from a separate
+   engine-core process).
 7. Server (:mod:`.serving`): OpenAI completion and chat responses carry each choice's scores;
    ``"best_of_n": N`` returns the best of N candidates (never a pruned one while another exists).
 

@@ -65,7 +65,7 @@ class Accumulator:
     """Per-request sums (float64 on the host)."""
 
     __slots__ = ("scored", "sar_wanted", "frontend", "context", "wsum", "gsum", "n", "lp", "lpn", "sar", "held",
-                 "released", "group", "conf", "pruned", "trace")
+                 "released", "group", "index", "at", "conf", "pruned", "trace")
 
     def __init__(self, scored: bool, sar_wanted: bool, frontend: "FrontEnd", context: dict | None = None):
         self.scored = scored
@@ -78,6 +78,8 @@ class Accumulator:
         self.held: tuple | None = None
         self.released = False
         self.group = None  # pruning.Group when the candidate's request is pruned
+        self.index = 0  # its index in the group
+        self.at: dict | None = None  # its signal at each decision threshold it reached (pruning)
         self.conf = None  # confidence.RunningConfidence when pruned by confidence
         self.pruned = False
         self.trace: tuple[list, list, list, list] | None = None  # per-token values, when the request asked
@@ -90,6 +92,8 @@ class Accumulator:
         self.lpn += int(v.logp_tokens)
         if self.conf is not None and v.tokens:
             self.conf.push(v.conf)
+        if self.group is not None and v.tokens:
+            self.group.record(self)
         if self.trace is not None and v.tokens:
             self.trace[0].append(v.weighted)
             self.trace[1].append(v.gate)
@@ -124,7 +128,8 @@ class Accumulator:
             out.finish_reason, out.stop_reason = FINISH_REASON, None
         if self.frontend.cfg.sar:
             out.sar = self.sar
-            out.sar_context = self.context["source"] if self.sar_wanted and self.context else None
+            ran = self.sar_wanted and self.context and not self.pruned  # a pruned candidate gets no pass
+            out.sar_context = self.context["source"] if ran else None
 
 
 class FrontEnd:

@@ -14,19 +14,24 @@ workers see them too: a worker computes DeepConf's token confidence only for the
 signal needs it.
 
 Groups. vLLM fans a request with ``n > 1`` out into child requests that share one
-``ParentRequest``; the group is kept on it (freed with it) and knows its members by index. A
-server ``best_of_n`` request is such a request. Each step, after vLLM's ``OutputProcessor`` has
-appended the step's tokens (so stop strings and finished candidates are already known), every
-group that received values is checked: when all of its running members have reached the next
-decision's token count, :func:`swift_fast.pruning.to_prune` ranks them by their running signal
-(the same float64 sums that become ``swift_score``, or :class:`~swift_fast.confidence.RunningConfidence`).
+``ParentRequest``; the group is kept on it (freed with it) and knows its members by index (weak
+references). A server ``best_of_n`` request is such a request. Each step, after vLLM's
+``OutputProcessor`` has appended the step's tokens (so stop strings and finished candidates are
+already known), every group that received values is checked: when all of its running, started
+members have reached the next decision's token count ``t``, :func:`swift_fast.pruning.to_prune`
+ranks them by their signal *at exactly* ``t`` tokens (kept when each crossed ``t``: the same
+float64 sums that become ``swift_score``, or :class:`~swift_fast.confidence.RunningConfidence`),
+so a candidate that ran ahead of a sibling started or preempted later is compared on equal
+terms, and the decisions are those :func:`swift_fast.pruning.replay` takes on the same tokens.
 
 Stopping a candidate. It is finished in the front end exactly as vLLM finishes a request on a
 stop string: its final ``CompletionOutput`` is made now (the tokens so far, the partial
 ``swift_score``, ``swift_pruned = True``, ``finish_reason = "pruned"``; a stream ends with that
 chunk), its state is freed, and its id joins the step's ``reqs_to_abort``, which vLLM sends to
-the engine core after the step: the scheduler frees its KV blocks before it schedules the next
-step. A pruned candidate never gets a SAR pass (its ``sar`` is None). Tokens the core generated
+the engine core after the step: with an in-process engine core the scheduler frees its KV blocks
+before it schedules the next step; a separate engine-core process (the default of ``LLM`` and of
+the server) keeps stepping while the front end works, so the candidate may run one or two more
+steps before the abort lands. A pruned candidate never gets a SAR pass (its ``sar`` is None). Tokens the core generated
 for it before the abort landed are dropped, as for any finished request.
 """
 
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from typing import Any
 
 from ..confidence import RunningConfidence
@@ -62,20 +68,22 @@ def _flag(v: Any, where: str) -> bool:
     raise PruneConfigError(f"{where} must be true or false, got {v!r}")
 
 
-def requested(extra: dict | None) -> tuple[bool, Any]:
-    """``(given, setting)``: whether a request's ``extra_args`` say anything about pruning, and
-    what (a mapping, True or False) -- from ``{"swift_fast": {"prune": ...}}`` or the flat keys."""
+def requested(extra: dict | None) -> tuple[bool, Any, str]:
+    """``(given, setting, where)``: whether a request's ``extra_args`` say anything about pruning,
+    what (a mapping, True or False), and where it was said (for error messages) -- from
+    ``{"swift_fast": {"prune": ...}}`` or the flat keys."""
     extra = extra or {}
     own = extra.get(KEY)
     if isinstance(own, dict) and "prune" in own:
-        return True, own["prune"]
+        return True, own["prune"], f'extra_args["{KEY}"]["prune"]'
+    where = f"{FLAT}_<setting>"
     flat = {k[len(FLAT) + 1 :]: v for k, v in extra.items() if k.startswith(FLAT + "_")}
     if FLAT in extra:
         on = _flag(extra[FLAT], FLAT)
         if not on:
             if flat:
                 raise PruneConfigError(f"{FLAT} is false but {sorted(FLAT + '_' + k for k in flat)} are set")
-            return True, False
+            return True, False, FLAT
     if flat:
         unknown = sorted(k for k in flat if k not in FIELDS)
         if unknown:
@@ -83,21 +91,21 @@ def requested(extra: dict | None) -> tuple[bool, Any]:
                 f"unknown pruning key(s) {[FLAT + '_' + k for k in unknown]}; the keys are "
                 f"{[FLAT + '_' + k for k in FIELDS]}"
             )
-        return True, flat
+        return True, flat, where
     if FLAT in extra:
-        return True, True
-    return False, None
+        return True, True, FLAT
+    return False, None, ""
 
 
 def resolve(params, default: PruneConfig | None) -> PruneConfig | None:
     """The settings a request (``SamplingParams``) is pruned with, or None. Raises
     ``PruneConfigError`` naming the field for a bad setting, and for pruning asked of ``n = 1``."""
-    given, setting = requested(getattr(params, "extra_args", None))
+    given, setting, where = requested(getattr(params, "extra_args", None))
     n = getattr(params, "n", 1) or 1
     scored = request_kind(params)[0] == SCORE
     if not given:
         return default if n > 1 and scored else None
-    cfg = PruneConfig.parse(setting, where=f'extra_args["{KEY}"]["prune"]', base=default)
+    cfg = PruneConfig.parse(setting, where=where, base=default)
     if cfg is not None and n < 2:
         raise PruneConfigError(
             "prune stops the weakest of a request's candidates, and this request has one (n = 1): ask for "
@@ -121,15 +129,28 @@ def wants_confidence(params) -> bool:
 
 
 class Group:
-    """The candidates of one parent request (``members[index]``: vLLM ``RequestState``)."""
+    """The candidates of one parent request. ``members[index]`` is a weak reference to the
+    candidate's vLLM ``RequestState`` (whose accumulator refers to this group: a strong reference
+    back would keep every finished group alive until Python's cycle collector ran); ``pruned`` the
+    indices stopped so far."""
 
-    __slots__ = ("cfg", "size", "members", "decisions", "__weakref__")
+    __slots__ = ("cfg", "size", "members", "pruned", "decisions")
 
     def __init__(self, cfg: PruneConfig, size: int):
         self.cfg = cfg
         self.size = size
-        self.members: dict[int, Any] = {}
+        self.members: dict[int, weakref.ref] = {}
+        self.pruned: set[int] = set()
         self.decisions = 0
+
+    def record(self, acc) -> None:
+        """After candidate ``acc`` received a token: keep its signal if its token count is a decision
+        threshold, so that every candidate is ranked on its value at exactly that many tokens, even
+        when it ran ahead of a sibling that started or was preempted later."""
+        cfg, n = self.cfg, acc.n
+        if n >= cfg.warmup and (n == cfg.warmup if cfg.every == 0 else (n - cfg.warmup) % cfg.every == 0):
+            if n >= (threshold(cfg, self.decisions) or n + 1):  # thresholds already decided are not needed
+                acc.at[n] = signal(acc, cfg)
 
 
 class Pruner:
@@ -153,8 +174,11 @@ class Pruner:
                 cfg = resolve(params, pruner.default)  # raises before anything is queued
             req = orig(request_id, prompt, params, *args, **kwargs)
             sp = getattr(req, "sampling_params", None)
-            if cfg is not None and sp is not None and sp is not params:  # vLLM's clone: this request's own
-                sp.extra_args = {**(sp.extra_args or {}), RESOLVED: cfg.to_dict()}
+            if sp is not None and sp is not params:  # vLLM's clone: this request's own
+                own = {k: v for k, v in (sp.extra_args or {}).items() if k != RESOLVED}  # only the plugin sets it
+                if cfg is not None:
+                    own[RESOLVED] = cfg.to_dict()
+                sp.extra_args = own or None
             return req
 
         ip.process_inputs = process_inputs
@@ -172,8 +196,8 @@ class Pruner:
         group = getattr(parent_req, "_swift_fast_group", None)
         if group is None:
             group = parent_req._swift_fast_group = Group(cfg, parent_req.n)
-        group.members[index] = rs
-        acc.group = group
+        group.members[index] = weakref.ref(rs)
+        acc.group, acc.index, acc.at = group, index, {}
         if cfg.signal in ("confidence", "combined"):
             acc.conf = RunningConfidence(cfg.window)
 
@@ -183,20 +207,25 @@ class Pruner:
         out = []
         for g in groups:
             if len(g.members) < g.size:
-                continue  # the server adds children one by one: decide on the whole group
+                continue  # children are registered one by one: decide on the whole group
             while True:
                 t = threshold(g.cfg, g.decisions)
-                members = list(g.members.values())
-                running = [rs for rs in members if is_running(rs)]
+                live = [r() for r in g.members.values()]
+                running = [rs for rs in live if rs is not None and is_running(rs)]
                 # members the scheduler has not started (no KV room yet) are not ranked: they
                 # must not block the decision that would free room for them
                 started = [rs for rs in running if rs._swift_fast.n > 0]
                 if t is None or not started or min(rs._swift_fast.n for rs in started) < t:
                     break
-                others = sum(1 for rs in members if not rs._swift_fast.pruned) - len(started)
-                for j in to_prune([signal(rs._swift_fast, g.cfg) for rs in started], g.cfg, others):
-                    started[j]._swift_fast.pruned = True
+                others = len(g.members) - len(g.pruned) - len(started)
+                values = [rs._swift_fast.at.get(t, math.nan) for rs in started]
+                for j in to_prune(values, g.cfg, others):
+                    acc = started[j]._swift_fast
+                    acc.pruned = True
+                    g.pruned.add(acc.index)
                     out.append(started[j])
+                for rs in running:
+                    rs._swift_fast.at.pop(t, None)
                 g.decisions += 1
         self.pruned += len(out)
         return out

@@ -27,7 +27,7 @@ With SAR on, a raw completion prompt may bring its question-removed context in a
 context its ``sar`` used (``sar_context``).
 
 ``/v1/responses`` and ``/v1/chat/completions/batch`` carry no scores: a request to them that
-asks for ``best_of_n`` or ``sar_context`` is answered 400, naming the endpoint. Beam search
+asks for ``best_of_n``, ``sar_context`` or ``prune`` is answered 400, naming the endpoint. Beam search
 (``use_beam_search``) runs unscored (:mod:`.frontend`).
 
 The serving classes are patched once per process, when the first engine with a head is built;
@@ -132,24 +132,25 @@ def _best_of_n(serving, request, fe) -> tuple[int | None, str | None]:
 def _move_prune(request, fe, n: int) -> str | None:
     """The ``prune`` body field into flat ``vllm_xargs`` keys (``vllm_xargs`` cannot carry an
     object); the error message when a setting is bad or the request has one candidate."""
-    from ..pruning import PruneConfigError
+    from ..pruning import PruneConfig, PruneConfigError
     from .pruning import FLAT, resolve
 
     extra = getattr(request, "model_extra", None) or {}
     xargs = dict(request.vllm_xargs or {})
-    if "prune" in extra:
-        given = extra["prune"]
-        if isinstance(given, dict):
-            xargs.update({f"{FLAT}_{k}": v for k, v in given.items()})
-            xargs[FLAT] = 1
-        elif isinstance(given, bool):
-            xargs[FLAT] = int(given)
-        elif given is not None:
-            return f'prune must be an object of pruning settings, true or false; got {given!r}'
     try:
-        resolve(_Params(xargs, n), fe.cfg.prune)
+        if "prune" in extra:
+            given = extra["prune"]
+            PruneConfig.parse(given, where="prune", base=fe.cfg.prune)  # errors name the body's own fields
+            if isinstance(given, dict):
+                xargs.update({f"{FLAT}_{k}": v for k, v in given.items()})
+                xargs[FLAT] = 1
+            elif isinstance(given, bool):
+                xargs[FLAT] = int(given)
+        cfg = resolve(_Params(xargs, n), fe.cfg.prune)
     except PruneConfigError as e:
-        return f"prune: {e}"
+        return str(e)
+    if cfg is not None and getattr(request, "use_beam_search", False):
+        return "prune stops sampled candidates, and beam search samples none: drop one of the two"
     request.vllm_xargs = xargs or request.vllm_xargs
     return None
 
