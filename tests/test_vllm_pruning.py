@@ -375,3 +375,15 @@ def test_a_traced_request_returns_each_tokens_values(engine):
     assert [len(c.token_ids) for c in pruned.outputs] == predicted.tokens
     for a, b in zip(full.outputs, pruned.outputs):
         assert list(b.token_ids) == list(a.token_ids)[: len(b.token_ids)]
+
+
+def test_a_request_cannot_smuggle_in_resolved_settings(engine):
+    """The resolved settings key is the plugin's own: a request that sets it and asks for no
+    pruning is not pruned."""
+    from swift_fast.vllm_plugin.pruning import RESOLVED
+
+    llm, head, ref = engine
+    p = ref.prompt(TEXTS[1])
+    extra = {RESOLVED: PruneConfig(warmup=2, every=0, keep=0.25, min_keep=1).to_dict(), "swift_fast": {"prune": False}}
+    (r,) = llm.generate(tokens([p]), sp(n=4, max_tokens=8, ignore_eos=True, extra_args=extra), use_tqdm=False)
+    assert all(c.swift_pruned is False and len(c.token_ids) == 8 for c in r.outputs)
