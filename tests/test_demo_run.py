@@ -14,13 +14,13 @@ from swift_fast.kernels.swift_reduce import swift_reduce_reference
 from swift_fast.rollouts import read_rollouts
 
 
-def _reference_scores(problems):
+def _reference_scores(problems, root=A.ASSETS_DIR):
     """SWIFT scores recomputed independently: one plain forward with output_hidden_states,
     states of the predicting positions, reference reduction."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(os.path.join(A.ASSETS_DIR, A.MODEL), dtype=torch.float64).eval()
-    head = SwiftHead.load(os.path.join(A.ASSETS_DIR, A.HEAD)).double()
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(root, A.MODEL), dtype=torch.float64).eval()
+    head = SwiftHead.load(os.path.join(root, A.HEAD)).double()
     out = []
     for p in problems:
         for c in p.candidates:
@@ -96,36 +96,45 @@ def test_demo_transformers_backend(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_vllm_backend(tmp_path):
+def test_demo_vllm_backend_runs_every_task(tmp_path):
+    """`swift-fast demo`'s path: every shipped task through the vLLM plugin, each in its folder."""
     pytest.importorskip("vllm")
+    from swift_fast.demo.run import SHIPPED_PRUNE, run_tasks
+
     out = tmp_path / "out"
-    summary = run_demo(out_dir=str(out), backend="vllm", limit=2, n=4, show=1, progress=False, log=lambda *a: None)
-    assert summary["backend"] == "vllm"
-    problems = read_rollouts(out / "rollouts.jsonl")
-    _check_outputs(out, problems, summary)
-    got = [c["swift_score"] for p in problems for c in p.candidates]
-    assert got == pytest.approx(_reference_scores(problems), abs=1e-3)
-    # the trivial signals came from the plugin's per-token values: the transformers pass agrees
-    assert "swift_trace" in summary["signals"]["source"]
-    from transformers import AutoModelForCausalLM
+    summaries = run_tasks(out_dir=str(out), backend="vllm", limit=2, n=4, show=1, progress=False,
+                          log=lambda *a: None)
+    assert list(summaries) == list(A.TASK_DIRS)
+    assert set(json.loads((out / "summary.json").read_text())) == set(A.TASK_DIRS)
+    for task, summary in summaries.items():
+        d = out / task
+        assert summary["backend"] == "vllm"
+        problems = read_rollouts(d / "rollouts.jsonl")
+        _check_outputs(d, problems, summary)
+        got = [c["swift_score"] for p in problems for c in p.candidates]
+        assert got == pytest.approx(_reference_scores(problems, A.TASK_DIRS[task]), abs=1e-3)
+        # the trivial signals came from the plugin's per-token values: the transformers pass agrees
+        assert "swift_trace" in summary["signals"]["source"]
+        from transformers import AutoModelForCausalLM
 
-    from swift_fast.hf import record_signals
+        from swift_fast.hf import record_signals
 
-    fields = ("num_tokens", "mean_logprob", "conf_lowest", "conf_tail")
-    plugin = [[c[f] for f in fields] for p in problems for c in p.candidates]
-    model = AutoModelForCausalLM.from_pretrained(os.path.join(A.ASSETS_DIR, A.MODEL), dtype=torch.float32).eval()
-    record_signals(model, problems, window=16)
-    hf = [[c[f] for f in fields] for p in problems for c in p.candidates]
-    assert torch.tensor(plugin, dtype=torch.float64).allclose(torch.tensor(hf, dtype=torch.float64), atol=1e-4)
-    # the pruned run beside full Best-of-N
-    pr = json.loads((out / "table.json").read_text())["summary"]["prune"]
-    assert pr["settings"] == summary["prune"]["settings"] and pr["seconds"]["pruned"] > 0
-    m = pr["measured"]
-    assert m["tokens"] <= m["full_tokens"] == sum(len(c["token_ids"]) for p in problems for c in p.candidates)
-    pruned = read_rollouts(out / "rollouts_pruned.jsonl")
-    assert m["tokens"] == sum(len(c["token_ids"]) for p in pruned for c in p.candidates)
-    assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence", "combined"}
-    assert os.path.getsize(out / "prune.png") > 0
+        fields = ("num_tokens", "mean_logprob", "conf_lowest", "conf_tail")
+        plugin = [[c[f] for f in fields] for p in problems for c in p.candidates]
+        model = AutoModelForCausalLM.from_pretrained(os.path.join(A.TASK_DIRS[task], A.MODEL),
+                                                     dtype=torch.float32).eval()
+        record_signals(model, problems, window=16)
+        hf = [[c[f] for f in fields] for p in problems for c in p.candidates]
+        assert torch.tensor(plugin, dtype=torch.float64).allclose(torch.tensor(hf, dtype=torch.float64), atol=1e-4)
+        # the pruned run beside full Best-of-N, with the task's shipped settings
+        pr = json.loads((d / "table.json").read_text())["summary"]["prune"]
+        assert pr["settings"] == SHIPPED_PRUNE[task].to_dict() and pr["seconds"]["pruned"] > 0
+        m = pr["measured"]
+        assert m["tokens"] <= m["full_tokens"] == sum(len(c["token_ids"]) for p in problems for c in p.candidates)
+        pruned = read_rollouts(d / "rollouts_pruned.jsonl")
+        assert m["tokens"] == sum(len(c["token_ids"]) for p in pruned for c in p.candidates)
+        assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence", "combined"}
+        assert os.path.getsize(d / "prune.png") > 0
 
 
 def test_vllm_info_logs_are_quiet_unless_asked(monkeypatch):

@@ -16,9 +16,13 @@ def add_parser(sub, name, help_):
     p.add_argument("action", nargs="?", choices=("run", "build", "ablations"), default="run",
                    help="run (default): the demo; build: retrain the model and head from nothing (CPU); "
                    "ablations: retrain head variants on the build's rollouts and score a run's candidates")
+    p.add_argument("--task", choices=("all", "forget", "lag"), default="all",
+                   help="which demo task (default all): forget (the solver forgets the last term) or lag (it reads "
+                        "the first term twice and stays one term behind)")
     p.add_argument("--out", default=None,
-                   help="run: output folder (default demo_out); build: artefact folder (default: the shipped one)")
-    p.add_argument("--assets", default=None, help="artefact folder to run on (default: the shipped one)")
+                   help="run: output folder (default demo_out, one subfolder per task); build: artefact folder "
+                        "(default: the shipped one of --task)")
+    p.add_argument("--assets", default=None, help="artefact folder to run on (default: the shipped one of --task)")
     p.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto",
                    help="generation engine: the vLLM plugin (default when vLLM imports) or transformers")
     p.add_argument("--limit", type=int, default=None, help="run on the first N held-out problems only")
@@ -30,10 +34,11 @@ def add_parser(sub, name, help_):
     p.add_argument("--n", type=int, default=16, help="candidates per problem (default 16)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--show", type=int, default=4, help="problems shown in the HTML page")
-    p.add_argument("--work", default="demo_build", help="build: folder for intermediates (model, rollouts)")
+    p.add_argument("--work", default="demo_build",
+                   help="build: folder for intermediates (model, rollouts), one subfolder per task")
     p.add_argument("--reuse", action="store_true", help="build: keep the model and rollouts already in --work")
-    p.add_argument("--rollouts", default="demo_out/rollouts.jsonl",
-                   help="ablations: the run whose candidates are scored")
+    p.add_argument("--rollouts", default=None,
+                   help="ablations: the run whose candidates are scored (default demo_out/<task>/rollouts.jsonl)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--verbose", action="store_true",
                    help="run: keep vLLM's INFO logs (default: warnings only, unless VLLM_LOGGING_LEVEL is set)")
@@ -43,35 +48,45 @@ def add_parser(sub, name, help_):
 def run(args) -> int:
     from ..demo import assets as A
 
+    tasks = list(A.TASK_DIRS) if args.task == "all" else [args.task]
+    if (args.out or args.assets) and len(tasks) > 1 and args.action == "build":
+        raise SystemExit("swift-fast demo build: --out names one task's artefact folder: give --task forget or lag")
+    if args.assets and len(tasks) > 1:
+        raise SystemExit("swift-fast demo: --assets names one task's artefact folder: give --task forget or lag")
     if args.action in ("build", "ablations"):
         from ..training import LabelBalanceError
 
         try:
             if args.action == "build":
                 from ..demo.build import build
+                from ..demo.recipe import RECIPES
 
-                build(out=args.out or A.ASSETS_DIR, work=args.work, progress=not args.no_progress, reuse=args.reuse)
+                for task in tasks:
+                    build(out=args.out or A.TASK_DIRS[task], work=os.path.join(args.work, task), recipe=RECIPES[task],
+                          progress=not args.no_progress, reuse=args.reuse)
             else:
                 from ..demo.ablations import run_ablations
+                from ..demo.recipe import RECIPES
 
-                run_ablations(args.rollouts, work=args.work,
-                              out=os.path.join(args.out or "demo_out", "ablations.json"),
-                              progress=not args.no_progress)
+                for task in tasks:
+                    run_ablations(args.rollouts or os.path.join("demo_out", task, "rollouts.jsonl"),
+                                  work=os.path.join(args.work, task), recipe=RECIPES[task],
+                                  out=os.path.join(args.out or "demo_out", task, "ablations.json"),
+                                  progress=not args.no_progress)
         except LabelBalanceError as e:
             raise SystemExit(f"swift-fast demo {args.action}: {e}") from None
         return 0
     from ..demo.backend import quiet_vllm_logs
-    from ..demo.run import run_demo
+    from ..demo.run import run_tasks
 
     if not args.verbose:
         # this command's own process and the engine it spawns: a library call never does this
         quiet_vllm_logs()
     try:
-        from ..demo.run import DEMO_PRUNE
-
-        run_demo(out_dir=args.out or "demo_out", root=args.assets or A.ASSETS_DIR, backend=args.backend,
-                 limit=args.limit, n=args.n, seed=args.seed, show=args.show, progress=not args.no_progress,
-                 prune=None if args.no_prune else DEMO_PRUNE, split=f"{args.split}.jsonl")
+        roots = {t: args.assets or A.TASK_DIRS[t] for t in tasks}
+        run_tasks(out_dir=args.out or "demo_out", roots=roots, backend=args.backend, limit=args.limit, n=args.n,
+                  seed=args.seed, show=args.show, progress=not args.no_progress, prune=not args.no_prune,
+                  split=f"{args.split}.jsonl")
     except A.AssetError as e:
         raise SystemExit(f"swift-fast demo: {e}") from None
     return 0

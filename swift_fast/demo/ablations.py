@@ -45,7 +45,7 @@ def run_ablations(rollouts: str, work: str = "demo_build", out: str = "demo_out/
     train_rollouts = os.path.join(work, "train_rollouts.jsonl")
     for p in (model_dir, train_rollouts):
         if not os.path.exists(p):
-            raise FileNotFoundError(f"{p} is missing: run `swift-fast demo build --work {work}` first")
+            raise FileNotFoundError(f"{p} is missing: run `swift-fast demo build` first (intermediates in {work})")
     problems = read_rollouts(rollouts)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     seqs = [p.prompt_token_ids + c["token_ids"] for p in problems for c in p.candidates]

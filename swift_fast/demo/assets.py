@@ -1,6 +1,8 @@
 """The shipped demo artefacts and their fingerprints.
 
-Layout of ``swift_fast/assets/demo`` (or any folder ``swift-fast demo build`` wrote)::
+One folder per task (:data:`TASK_DIRS`): ``swift_fast/assets/demo`` (``forget``: the solver
+forgets the last term) and ``swift_fast/assets/demo_lag`` (``lag``: it reads the first term twice
+and stays one term behind). Layout of each (or of any folder ``swift-fast demo build`` wrote)::
 
     model/             Llama weights (safetensors), config, generation config, tokenizer
     head.safetensors   the SWIFT head trained on the model's rollouts (``predicting``)
@@ -16,7 +18,10 @@ import os
 
 from ..files import sha256_of
 
-ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "demo")
+_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
+ASSETS_DIR = os.path.join(_ROOT, "demo")
+#: each demo task's shipped artefacts, in the order the demo runs them
+TASK_DIRS = {"forget": ASSETS_DIR, "lag": os.path.join(_ROOT, "demo_lag")}
 PROVENANCE = "provenance.json"
 HEAD = "head.safetensors"
 MODEL = "model"

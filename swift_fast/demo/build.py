@@ -21,23 +21,24 @@ import time
 import torch
 
 from . import assets as A
-from . import task as T
 from .backend import Sampling, hf_sample
 from .model import train_model
 from .recipe import DEFAULT, Recipe
+from .tasks import module_for
 from .tokenizer import prompt_ids
 
 
 def splits(recipe: Recipe) -> tuple[list[dict], list[dict]]:
     """``(train, test)`` problem rows: ``id``, ``question``, ``reference``, ``terms``."""
-    test = T.make_split(recipe.test_problems, recipe.task, seed=recipe.test_seed)
-    train = T.make_split(
-        recipe.train_problems, recipe.task, seed=recipe.train_seed, exclude={T.question(t) for t in test}
+    M = module_for(recipe.task)
+    test = M.make_split(recipe.test_problems, recipe.task, seed=recipe.test_seed)
+    train = M.make_split(
+        recipe.train_problems, recipe.task, seed=recipe.train_seed, exclude={M.question(t) for t in test}
     )
 
     def rows(name, probs):
         return [
-            {"id": f"{name}/{i}", "question": T.question(t), "reference": T.reference(t), "terms": t}
+            {"id": f"{name}/{i}", "question": M.question(t), "reference": M.reference(t), "terms": t}
             for i, t in enumerate(probs)
         ]
 
@@ -148,11 +149,10 @@ def build(out: str = A.ASSETS_DIR, work: str = "demo_build", recipe: Recipe = DE
     shutil.copytree(model_dir, os.path.join(tmp, A.MODEL))
     head.save(os.path.join(tmp, A.HEAD))
     prov = {
-        "what": "swift-fast demo artefacts: a Llama trained from scratch on multi-term addition written as running "
-                "sums by a sloppy solver that sometimes forgets the last term, and a SWIFT head trained on the "
-                "model's own graded rollouts",
+        "what": module_for(recipe.task).WHAT,
+        "task": module_for(recipe.task).NAME,
         "recipe": recipe.to_dict(),
-        "commands": ["swift-fast demo build"],
+        "commands": [f"swift-fast demo build --task {module_for(recipe.task).NAME}"],
         "sar_system_prompt": recipe.sar_system_prompt,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "platform": platform.platform()},

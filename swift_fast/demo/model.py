@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import task as T
+from .tasks import module_for
 from .tokenizer import build_tokenizer, prompt_ids
 
 
@@ -69,15 +70,16 @@ def llama_config(mc: ModelConfig, tokenizer):
     )
 
 
-def _batch(rng: random.Random, task_cfg: T.TaskConfig, tok, size: int, exclude: set[str]):
+def _batch(rng: random.Random, task_cfg, tok, size: int, exclude: set[str]):
+    M = module_for(task_cfg)
     seqs, starts = [], []
     while len(seqs) < size:
-        terms = T.sample_terms(rng, task_cfg)
-        q = T.question(terms)
+        terms = M.sample_terms(rng, task_cfg)
+        q = M.question(terms)
         if q in exclude:
             continue
         p = prompt_ids(tok, q)
-        r = tok(T.training_solution(terms, task_cfg, rng), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        r = tok(M.training_solution(terms, task_cfg, rng), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         seqs.append(p + r)
         starts.append(len(p))
     n = max(len(s) for s in seqs)
@@ -93,7 +95,7 @@ def _batch(rng: random.Random, task_cfg: T.TaskConfig, tok, size: int, exclude: 
 
 def train_model(
     out_dir: str,
-    task_cfg: T.TaskConfig,
+    task_cfg: "T.TaskConfig",
     model_cfg: ModelConfig = ModelConfig(),
     train_cfg: TrainConfig = TrainConfig(),
     exclude: set[str] | None = None,
@@ -101,6 +103,9 @@ def train_model(
     log: list | None = None,
 ) -> str:
     """Train the demo model and save it (safetensors, config, tokenizer) to ``out_dir``.
+
+    ``task_cfg``: the task's config (``task.TaskConfig`` or ``task_misread.MisreadConfig``); its
+    module (``tasks.module_for``) writes the training solutions.
 
     ``exclude``: question texts never used for training (the held-out problems).
     """

@@ -1,5 +1,9 @@
 """Every setting and seed of the demo artefacts, in one place: ``swift-fast demo build`` reads
-this, and the provenance file records it."""
+this, and the provenance file records it.
+
+``DEFAULT`` builds the shipped demo (``task.py``: the solver forgets the last term); ``LAG``
+builds the second task (``task_lag.py``: the solver reads the first term twice and stays one term
+behind). ``RECIPES`` names both."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from .model import ModelConfig, TrainConfig
 from .task import TaskConfig
+from .task_lag import LagConfig
 from .tokenizer import SYSTEM_PROMPT
 
 
@@ -56,3 +61,19 @@ class Recipe:
 
 
 DEFAULT = Recipe()
+
+
+
+#: The second task (``task_lag.py``): a solver that reads the first term twice and stays one term
+#: behind. The flaw shows at the third response token and the candidate goes on for 4 to 7 more
+#: steps with the correct step count; the lag rate grows with the number of terms (majority vote is
+#: right on 5-6 terms and wrong on 7-8), and neither length nor confidence carries the flaw. Same
+#: model family and head recipe as ``DEFAULT``; one thread, so that a build on a shared 2-core
+#: machine reproduces the evaluated weights (~15 min on a busy machine, 0.6 s a step).
+LAG = Recipe(
+    task=LagConfig(min_terms=5, max_terms=8, lag_rates=(0.2, 0.4, 0.6, 0.8)),
+    model=ModelConfig(hidden_size=128, num_layers=4, num_heads=2, num_kv_heads=1, intermediate_size=512),
+    train=TrainConfig(steps=1500, batch_size=64, lr=3e-3, warmup=100, weight_decay=0.01, seed=0, threads=1),
+)
+
+RECIPES = {"forget": DEFAULT, "lag": LAG}

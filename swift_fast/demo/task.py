@@ -30,6 +30,16 @@ from dataclasses import asdict, dataclass
 ANSWER_MARK = "#"
 STEP_END = ";"
 
+#: the task's name in ``recipe.RECIPES`` and in ``provenance.json``
+NAME = "forget"
+
+#: what the artefacts built on this task are (``provenance.json``'s ``what``)
+WHAT = (
+    "swift-fast demo artefacts: a Llama trained from scratch on multi-term addition written as running "
+    "sums by a sloppy solver that sometimes forgets the last term, and a SWIFT head trained on the "
+    "model's own graded rollouts"
+)
+
 
 @dataclass(frozen=True)
 class TaskConfig:
@@ -121,16 +131,22 @@ def stopped_early(text: str, terms: list[int]) -> bool:
     return extract_answer(text) is not None and steps_written(text) < len(terms) - 1
 
 
-def make_split(n: int, cfg: TaskConfig, seed: int, exclude: set[str] | None = None) -> list[list[int]]:
-    """``n`` distinct problems (by question text), none of them in ``exclude``."""
+def distinct_problems(sample, n: int, seed: int, exclude: set[str] | None = None) -> list[list[int]]:
+    """``n`` distinct problems drawn by ``sample(rng)`` from ``random.Random(seed)`` (distinct by
+    question text), none of them in ``exclude``."""
     rng = random.Random(seed)
     seen = set(exclude or ())
     out = []
     while len(out) < n:
-        t = sample_terms(rng, cfg)
+        t = sample(rng)
         q = question(t)
         if q in seen:
             continue
         seen.add(q)
         out.append(t)
     return out
+
+
+def make_split(n: int, cfg: TaskConfig, seed: int, exclude: set[str] | None = None) -> list[list[int]]:
+    """``n`` distinct problems (by question text), none of them in ``exclude``."""
+    return distinct_problems(lambda rng: sample_terms(rng, cfg), n, seed, exclude)
