@@ -191,7 +191,8 @@ def run_demo(
             p.candidates = cs
             grade(p)
         if traced and n > 1:
-            pruning = prune_run(be, problems, sampling, contexts, prune, out_dir, progress=progress, log=log)
+            pruning = prune_run(be, problems, sampling, contexts, prune, out_dir, progress=progress, log=log,
+                                title=title)
     finally:
         be.close()
     model = _load_model(model_dir)
@@ -263,7 +264,7 @@ def run_tasks(out_dir: str = "demo_out", roots: dict[str, str] | None = None, pr
 
 
 def prune_run(be, problems: list[Problem], sampling: Sampling, contexts, cfg: PruneConfig | None, out_dir: str,
-              progress: bool = True, log=print) -> dict:
+              progress: bool = True, log=print, title: str = "") -> dict:
     """Pruning on a traced full run (``problems``): the sweep of settings replayed on its per-token
     values (and the setting :func:`swift_fast.prune_report.recommend` picks), then, with ``cfg``,
     Best-of-N again on the same problems with that pruning during generation (same per-prompt
@@ -308,8 +309,8 @@ def prune_run(be, problems: list[Problem], sampling: Sampling, contexts, cfg: Pr
         )
         measured_pts.append(("pruned run, shipped settings", measured["token_fraction"], measured["accuracy"]))
     os.makedirs(out_dir, exist_ok=True)
-    out["plot"] = pr.plot_sweep(rows, os.path.join(out_dir, "prune.png"), title="swift-fast demo: pruning during "
-                                "Best-of-N", measured=measured_pts)
+    out["plot"] = pr.plot_sweep(rows, os.path.join(out_dir, "prune.png"),
+                                title=f"pruning during Best-of-N{': ' + title if title else ''}", measured=measured_pts)
     return out
 
 
