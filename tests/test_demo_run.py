@@ -143,6 +143,7 @@ def test_vllm_info_logs_are_quiet_unless_asked(monkeypatch):
 
     from swift_fast.demo.backend import quiet_vllm_logs
 
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)  # restored after the test: quiet_vllm_logs sets it
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
     quiet_vllm_logs()
     assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"  # the user's choice stands

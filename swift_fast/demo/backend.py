@@ -141,12 +141,19 @@ def quiet_vllm_logs(level: str = "ERROR") -> None:
     import logging
     import os
     import sys
+    import warnings
 
     if "VLLM_LOGGING_LEVEL" in os.environ:
         return
     os.environ["VLLM_LOGGING_LEVEL"] = level
     if "vllm" in sys.modules:
         logging.getLogger("vllm").setLevel(level)
+    # NOTE: vLLM logs its "no Triton CPU backend" warning while it is imported, before its logging is
+    # configured; a level set on that logger now holds it back (in this process). Its FutureWarnings
+    # about torch.distributed come from its own code, here and in the engine processes it spawns.
+    logging.getLogger("vllm.triton_utils.importing").setLevel(level)
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
 
 
 class VLLMBackend:
