@@ -9,7 +9,7 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS = {
-    "demo": ("demo", "Best-of-N on the embedded model and head: the main job, nothing to download"),
+    "demo": ("demo", "Best-of-N on the two embedded tasks (models and heads): the main job, nothing to download"),
     "bon": ("bon", "generate N candidates per problem with vLLM, select by SWIFT/SAR, grade, report BoN@k"),
     "collect": ("collect", "generate and grade rollouts (candidates with token ids) for training a head"),
     "train": ("train", "train a SWIFT head on graded rollouts, features recomputed from the model"),

@@ -9,9 +9,11 @@ def add_parser(sub, name, help_):
     p = sub.add_parser(
         name,
         help=help_,
-        description=help_ + ". Samples N candidates per held-out problem through the vLLM plugin (CPU), "
-        "prints the Best-of-N table with 95% confidence intervals, and writes a plot and an HTML page of "
-        "candidates with their SWIFT token scores.",
+        description=help_ + ". For each task, samples N candidates per held-out problem through the vLLM "
+        "plugin (CPU), prints the Best-of-N table with 95% confidence intervals (SWIFT, SAR and the trivial "
+        "selectors: majority, length, mean log-prob, DeepConf confidence), runs Best-of-N again with the weakest "
+        "candidates pruned during generation and prints the tokens, time and accuracy that saved, and writes "
+        "plots, an HTML page of candidates with their SWIFT token scores, and the rollouts.",
     )
     p.add_argument("action", nargs="?", choices=("run", "build", "ablations"), default="run",
                    help="run (default): the demo; build: retrain the model and head from nothing (CPU); "
