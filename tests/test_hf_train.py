@@ -238,14 +238,14 @@ def test_demo_head_training_refuses_rollouts_that_cannot_teach(model_dir, model_
 
     _, tok = model_and_tok
     work = tmp_path / "work"
-    shutil.copytree(model_dir, work / "model")
-    data = work / "train_rollouts.jsonl"
+    shutil.copytree(model_dir, work / "forget" / "model")  # the build's intermediates, one folder per task
+    data = work / "forget" / "train_rollouts.jsonl"
     _relabel(_rollouts(tok, tmp_path / "r.jsonl", problems=10, n=4), data, lambda pi, ci: False)
     threads = torch.get_num_threads()
     try:
         with pytest.raises(SystemExit) as e:
-            main(["demo", "ablations", "--work", str(work), "--rollouts", str(data), "--out", str(tmp_path / "o"),
-                  "--no-progress"])
+            main(["demo", "ablations", "--task", "forget", "--work", str(work), "--rollouts", str(data),
+                  "--out", str(tmp_path / "o"), "--no-progress"])
     finally:
         torch.set_num_threads(threads)
     assert str(e.value.code).startswith("swift-fast demo ablations: cannot train a head with the dpo loss")
