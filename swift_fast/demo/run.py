@@ -185,6 +185,7 @@ def run_demo(
     pruning = None
     try:
         # traced: each token's values come back too, for the trivial selectors and the pruning sweep
+        log("full Best-of-N:")
         cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress, contexts=contexts,
                             **({"plugin_args": {"trace": True}} if traced else {}))
         for p, cs in zip(problems, cands):
@@ -229,7 +230,10 @@ def run_demo(
     with open(os.path.join(out_dir, "table.txt"), "w", encoding="utf-8") as f:
         f.write(text + "\n" + summary_text(s) + "\n")
     report.save_json(t, os.path.join(out_dir, "table.json"), summary=s)
-    log(f"wrote {out_dir}/table.txt, table.json, bon.png, candidates.html, rollouts.jsonl ({s['seconds']:.0f} s)")
+    extra = ", prune.png, rollouts_pruned.jsonl" if pruning is not None and "measured" in pruning else (
+        ", prune.png" if pruning is not None else "")
+    log(f"wrote {out_dir}/table.txt, table.json, bon.png, candidates.html, rollouts.jsonl{extra} "
+        f"({s['seconds']:.0f} s)")
     return s
 
 
@@ -283,6 +287,7 @@ def prune_run(be, problems: list[Problem], sampling: Sampling, contexts, cfg: Pr
         full_seconds = be.seconds
         be.seconds = 0.0
         # traced as the full run was, so the two times differ by the pruning alone
+        log(f"Best-of-N again, pruned during generation ({_settings(cfg.to_dict())}):")
         cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress, contexts=contexts,
                             plugin_args={"prune": cfg.to_dict(), "trace": True})
         pruned_seconds = be.seconds
