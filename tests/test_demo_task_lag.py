@@ -1,20 +1,11 @@
 import random
 
 import pytest
+from test_demo_task import _steps  # the first task's independent reading of a solution
 
 from swift_fast.demo import task_lag as L
 from swift_fast.demo.tasks import module_for
 from swift_fast.demo.tokenizer import build_tokenizer
-
-
-def _steps(text):
-    body, answer = text.split("#")
-    steps = []
-    for s in body.split(";"):
-        lhs, c = s.split("=")
-        a, b = lhs.split("+")
-        steps.append((int(a), int(b), int(c)))
-    return steps, int(answer)
 
 
 def test_example():
