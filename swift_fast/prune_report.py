@@ -18,6 +18,7 @@ may compute a step or two more before its abort lands, which is not counted.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -28,6 +29,11 @@ from .datasets import DataError
 from .pruning import SIGNALS, PruneConfig, replay, running_confidence, running_swift
 from .report import bootstrap_ci
 from .rollouts import Problem
+
+#: The sweep's baseline rows: the same policy ranking on a fresh random draw at every decision (the
+#: mean over :data:`RANDOM_DRAWS` draws): what any signal has to beat at its token budget.
+RANDOM = "random"
+RANDOM_DRAWS = 5
 
 #: Settings the sweep replays for each signal (``every`` follows ``warmup``): enough points to draw
 #: accuracy against tokens, few enough to replay thousands of candidates in seconds.
@@ -107,6 +113,24 @@ def replayed(problems: Sequence[Problem], cfg: PruneConfig, n: int, where: str =
     return outcome(problems, n, torch.tensor(pruned), torch.tensor(tokens, dtype=torch.float64), where)
 
 
+def replayed_random(problems: Sequence[Problem], cfg: PruneConfig, n: int, draws: int = RANDOM_DRAWS) -> Outcome:
+    """The policy's timing and keep fractions with random ranks: the expected outcome over ``draws``
+    seeded draws (``correct`` and ``tokens`` are means; ``pruned`` is the first draw's)."""
+    _check(problems, n, "rollouts")
+    cfg = PruneConfig(**{**cfg.to_dict(), "signal": "swift"})  # ranks one number per candidate
+    runs = []
+    for d in range(draws):
+        rng = random.Random(d)
+        pruned, tokens = [], []
+        for p in problems:
+            r = replay([[rng.random() for _ in c["token_ids"]] for c in p.candidates[:n]], cfg)
+            pruned.append(r.pruned)
+            tokens.append(r.tokens)
+        runs.append(outcome(problems, n, torch.tensor(pruned), torch.tensor(tokens, dtype=torch.float64)))
+    return Outcome(torch.stack([o.correct for o in runs]).mean(0), torch.stack([o.tokens for o in runs]).mean(0),
+                   runs[0].pruned)
+
+
 def compare(full: Outcome, other: Outcome, reps: int = 2000) -> dict:
     """``other`` against ``full`` on the same problems: accuracy and its paired difference with a
     95% interval, tokens and their ratio."""
@@ -128,25 +152,27 @@ def compare(full: Outcome, other: Outcome, reps: int = 2000) -> dict:
 
 def sweep(problems: Sequence[Problem], n: int, base: PruneConfig | None = None, reps: int = 500,
           warmups: Sequence[int] = SWEEP_WARMUPS, keeps: Sequence[float] = SWEEP_KEEPS) -> list[dict]:
-    """Replay a grid of settings (every signal; ``every = warmup``; ``min_keep`` and ``window`` from
-    ``base``) on full-run rollouts; one row per setting with :func:`compare`'s fields."""
+    """Replay a grid of settings (every signal, and the :data:`RANDOM` baseline; ``every = warmup``;
+    ``min_keep`` and ``window`` from ``base``) on full-run rollouts; one row per setting with
+    :func:`compare`'s fields."""
     base = base or PruneConfig()
     full = outcome(problems, n)
     rows = []
-    for signal in SIGNALS:
+    for signal in (*SIGNALS, RANDOM):
         for w in warmups:
             for keep in keeps:
-                cfg = PruneConfig(signal=signal, warmup=w, every=w, keep=keep, min_keep=base.min_keep,
-                                  window=base.window)
-                rows.append({"settings": cfg.to_dict(), **compare(full, replayed(problems, cfg, n), reps=reps)})
+                cfg = PruneConfig(signal="swift" if signal == RANDOM else signal, warmup=w, every=w, keep=keep,
+                                  min_keep=base.min_keep, window=base.window)
+                run = replayed_random(problems, cfg, n) if signal == RANDOM else replayed(problems, cfg, n)
+                rows.append({"settings": {**cfg.to_dict(), "signal": signal}, **compare(full, run, reps=reps)})
     return rows
 
 
 def at_budget(rows: Sequence[dict], fraction: float) -> dict[str, dict | None]:
-    """Per signal, the most accurate swept setting that generates at most ``fraction`` of the full
-    run's tokens (None when none does): the equal-budget comparison of the two signals."""
+    """Per signal (and the random baseline), the most accurate swept setting that generates at most
+    ``fraction`` of the full run's tokens (None when none does): the equal-budget comparison."""
     out: dict[str, dict | None] = {}
-    for signal in SIGNALS:
+    for signal in (*SIGNALS, RANDOM):
         ok = [r for r in rows if r["settings"]["signal"] == signal and r["token_fraction"] <= fraction]
         out[signal] = max(ok, key=lambda r: (r["accuracy"], -r["token_fraction"])) if ok else None
     return out
@@ -171,9 +197,9 @@ def plot_sweep(rows: Sequence[dict], path: str, title: str = "Pruning during Bes
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colours = {"swift": "tab:blue", "confidence": "tab:orange", "combined": "tab:green"}
+    colours = {"swift": "tab:blue", "confidence": "tab:orange", "combined": "tab:green", RANDOM: "tab:gray"}
     labels = {"swift": "running SWIFT score", "confidence": "DeepConf lowest-group confidence",
-              "combined": "both (rank combination)"}
+              "combined": "both (rank combination)", RANDOM: "random ranks (baseline)"}
     for signal, colour in colours.items():
         pts = sorted((r["token_fraction"], 100 * r["accuracy"]) for r in rows if r["settings"]["signal"] == signal)
         if pts:

@@ -133,7 +133,7 @@ def test_demo_vllm_backend_runs_every_task(tmp_path):
         assert m["tokens"] <= m["full_tokens"] == sum(len(c["token_ids"]) for p in problems for c in p.candidates)
         pruned = read_rollouts(d / "rollouts_pruned.jsonl")
         assert m["tokens"] == sum(len(c["token_ids"]) for p in pruned for c in p.candidates)
-        assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence", "combined"}
+        assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence", "combined", "random"}
         assert os.path.getsize(d / "prune.png") > 0
 
 

@@ -216,3 +216,23 @@ def test_recommend_and_equal_budget_pick_by_hand():
     assert pr.recommend(rows, max_drop=0.0)["token_fraction"] == 0.6
     best = pr.at_budget(rows, 0.5)
     assert best["swift"]["accuracy"] == 0.895 and best["confidence"]["accuracy"] == 0.89 and best["combined"] is None
+
+
+def test_random_baseline_keeps_the_policys_budget_and_picks_blindly():
+    from swift_fast import prune_report as pr
+    from swift_fast.rollouts import Problem
+
+    # two candidates of 4 tokens; the correct one has the lower final score, so only pruning can
+    # change the pick: random ranks keep it in some draws, never in all
+    probs = [Problem(id=f"p{i}", candidates=[
+        _cand([0.0] * 4, [1.0] * 4, [1.0] * 4, True, 0.0),
+        _cand([1.0] * 4, [1.0] * 4, [1.0] * 4, False, 1.0),
+    ]) for i in range(40)]
+    cfg = PruneConfig(warmup=2, every=0, keep=0.5, min_keep=1)
+    rnd = pr.replayed_random(probs, cfg, 2)
+    assert rnd.total_tokens == 40 * (4 + 2)  # one of the two stopped at 2 tokens, in every draw
+    assert 0.2 < rnd.accuracy < 0.8  # the correct one survives about half the time
+    assert rnd.correct.tolist() == pr.replayed_random(probs, cfg, 2).correct.tolist()  # seeded
+    assert pr.replayed(probs, cfg, 2).accuracy == 0.0  # the running SWIFT score stops the lower, correct one
+    keep_all = pr.replayed_random(probs, PruneConfig(warmup=2, every=0, keep=1.0, min_keep=1), 2)
+    assert keep_all.accuracy == pr.outcome(probs, 2).accuracy == 0.0 and keep_all.total_tokens == 40 * 8

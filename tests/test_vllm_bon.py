@@ -122,7 +122,7 @@ def test_bon_cli_prune_compares_with_full_best_of_n_on_the_same_draws(tmp_path, 
     summary = json.loads((tmp_path / "run" / "bon.summary.json").read_text())
     pr = summary["prune"]
     assert pr["measured"]["tokens"] == measured.total_tokens and pr["seconds"]["pruned"] > 0
-    assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence", "combined"}
+    assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence", "combined", "random"}
     assert {"longest", "confidence (lowest group)", "confidence (tail)"} <= set(summary["accuracy"])
     assert (tmp_path / "run" / "bon.prune.png").stat().st_size > 1000
     assert "pruned run:" in printed and "vLLM wall time" in printed

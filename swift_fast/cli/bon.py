@@ -255,11 +255,10 @@ def _prune_report(args, problems, pruned_out, ids, prune, seconds, pseconds, sta
         print(f"  vLLM wall time: full {seconds:.1f} s, pruned {pseconds:.1f} s ({seconds / max(pseconds, 1e-9):.2f}x)")
     else:
         print("  vLLM wall time: not compared (a run resumed from earlier output)")
-    for frac in (0.5,):
-        best = pr.at_budget(rows, frac)
-        for signal, r in best.items():
-            what = "no swept setting" if r is None else pr.summary_text(r, f"best {signal} setting")
-            print(f"  at <= {100 * frac:.0f}% of the tokens, {signal}: {what}")
+    frac = measured["token_fraction"]  # the pruned run's budget: each signal at equal cost
+    for signal, r in pr.at_budget(rows, frac).items():
+        what = "no swept setting" if r is None else pr.summary_text(r, f"best {signal} setting")
+        print(f"  at <= {100 * frac:.0f}% of the tokens, {signal}: {what}")
     path = None
     if args.plot != "none":
         path = pr.plot_sweep(rows, base + ".prune.png", measured=[
