@@ -124,13 +124,16 @@ class RunnerScoring:
         r._sample = types.MethodType(_sample, r)
         r.sample_tokens = types.MethodType(sample_tokens, r)
 
-    def _kind(self, req_id: str) -> tuple[int, int]:
+    def _kind(self, req_id: str) -> tuple[int, int, bool]:
+        """``(kind, q0_len, confidence wanted)`` of a request (:func:`.config.request_kind`, and
+        whether its pruning signal or trace needs each token's confidence), read once per request."""
         rs = self.runner.requests.get(req_id)
         if rs is None:
-            return SKIP, 0
+            return SKIP, 0, False
         k = getattr(rs, "_swift_fast_kind", None)
         if k is None:
-            k = request_kind(rs.sampling_params)
+            p = rs.sampling_params
+            k = (*request_kind(p), wants_confidence(p) or trace_requested(p))
             rs._swift_fast_kind = k  # lives and dies with vLLM's per-request state
         return k
 
@@ -155,7 +158,7 @@ class RunnerScoring:
             self._swift(st, qsl, score_rows, values)
             if self.sar is not None:
                 step.sar = self.sar.keep_rows(st.logits, score_rows)
-            conf_rows = [i for i in score_rows if self._wants_confidence(req_ids[i])]
+            conf_rows = [i for i in score_rows if kinds[i][2]]
             if conf_rows:
                 # before the sampler, which edits float32 logits in place
                 self._confidence(st.logits, conf_rows, values)
@@ -168,15 +171,6 @@ class RunnerScoring:
             # a pass reports once its prefill is complete (its last chunk is not discarded)
             step.report += [i for i in pass_rows if not discard[i]]
         return step
-
-    def _wants_confidence(self, req_id: str) -> bool:
-        rs = self.runner.requests.get(req_id)
-        if rs is None:
-            return False
-        w = getattr(rs, "_swift_fast_conf", None)
-        if w is None:
-            w = rs._swift_fast_conf = wants_confidence(rs.sampling_params) or trace_requested(rs.sampling_params)
-        return w
 
     def _confidence(self, logits: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
         """DeepConf's token confidence of each row's distribution (the one its token is sampled
