@@ -228,18 +228,6 @@ def test_wrong_head_is_refused_at_startup_naming_both(models, tmp_path):
     assert models["llama"] in msg and "tiny-qwen-64" in msg and "hidden size 64" in msg
 
 
-def test_emitted_head_is_refused_with_the_reason(models, tmp_path):
-    from vllm import LLM
-
-    head = make_head(models["llama"], layers=[1])
-    head.alignment = "emitted"
-    hp = tmp_path / "emitted.safetensors"
-    head.save(hp)
-    with pytest.raises(HeadError, match="emitted"):
-        LLM(model=models["llama"], dtype="float32", enforce_eager=True,
-            additional_config={"swift_fast": {"head": str(hp)}})
-
-
 def test_front_end_modules_load_neither_kernels_nor_triton():
     """The front end (API server, LLM) only sums floats: importing its modules must not register
     the kernels' custom ops or import Triton in that process."""

@@ -14,8 +14,8 @@ costs nothing per step. ``VLLM_PLUGINS=swift_fast`` restricts vLLM to this plugi
 Data path (vLLM 0.32, V1 model runner)
 --------------------------------------
 1. Start-up (front end, ``create_engine_config``): the head is loaded and checked against the
-   model (``SwiftHead.check_model``: an error names head and model), ``emitted`` heads,
-   speculative decoding, micro-batching and pipeline parallelism are refused (below), and the head file's
+   model (``SwiftHead.check_model``: an error names head and model), speculative decoding,
+   micro-batching and pipeline parallelism are refused (below), and the head file's
    digest is written into the config, so vLLM's compile cache (keyed on ``additional_config``)
    never reuses a graph built for another head. On GPUs that would use Model Runner V2, the
    V1 runner is selected (``VLLM_USE_V2_MODEL_RUNNER=0``), because the step bookkeeping hooks it.
@@ -38,7 +38,8 @@ Data path (vLLM 0.32, V1 model runner)
 5. Front end (:mod:`.frontend`, wraps the engine's ``OutputProcessor``): the values are popped
    (users never see the key) and summed per request exactly for the tokens appended to the
    output; ``CompletionOutput`` gets ``swift_score``, ``swift_tokens`` and ``sar``. SAR holds a
-   finished candidate back, runs its question-removed pass through the engine, then releases it;
+   finished candidate back, runs its question-removed pass through the engine (and, for an
+   ``emitted`` head, its last-state pass, :mod:`.last_state`), then releases it;
    each request's question-removed context comes from :mod:`.contexts` (its own chat rendered
    with the question emptied, an explicit context, or the BOS default).
 6. Pruning (:mod:`.pruning`, policy in :mod:`swift_fast.pruning`): with a ``prune`` setting
@@ -61,10 +62,10 @@ Exactness
 that sampled it, which every forward computes (prefix caching never skips the last prompt
 token; chunked prefill samples only on the last chunk; a preempted request is recomputed and
 samples its next token from a fresh state; each token's value is counted once, when the token
-is appended). ``emitted`` heads are refused at start-up: they need the states of the last
-generated token as an input, which vLLM never computes (it stops at that token), and an extra
-forward per finished sequence cannot be added without a second pass per candidate; score such
-heads offline with ``swift_fast.hf.swift_scores``.
+is appended). ``emitted`` alignment (the paper's) is exact too: each step's sampling state is
+that of the previous token as an input, and the states of the last token, which generation
+never feeds back, come from a last-state pass that recomputes at most one KV block per finished
+candidate (:mod:`.last_state`; where no exact last state exists the score is None).
 
 Limits: V1 model runner only; no speculative decoding, no pipeline parallelism, no dual-batch
 overlap / micro-batching (refused at start-up); beam search runs unscored; models laid out as
@@ -113,6 +114,7 @@ def prepare_config(vllm_config) -> None:
     head = cfg.load_head()
     check_engine(vllm_config, head)
     warn_untested_vllm()
+    warn_costly_last_state(vllm_config, head)
     section = vllm_config.additional_config[KEY]
     if isinstance(section, str):
         section = {"head": section}
@@ -131,6 +133,18 @@ def prepare_config(vllm_config) -> None:
             )
         logger.info("swift-fast: using vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
     logger.info("swift-fast: head %s (%s) on %s", cfg.head_path, head.extra_repr(), vllm_config.model_config.model)
+
+
+def warn_costly_last_state(vllm_config, head) -> None:
+    from ..head import ALIGNMENT
+
+    if ALIGNMENT[head.alignment].extra_forward and not vllm_config.cache_config.enable_prefix_caching:
+        logger.warning(
+            "swift-fast: the head uses the '%s' alignment: the states of each finished candidate's last token "
+            "cost one more forward, and with prefix caching off that "
+            "forward recomputes the whole candidate (prompt + answer) instead of at most one KV block. Enable "
+            "prefix caching (vLLM's default) to keep it cheap", head.alignment,
+        )
 
 
 def select_v1_runner() -> None:

@@ -45,7 +45,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..head import ALIGNMENT, HeadError, SwiftHead
+from ..head import HeadError, SwiftHead
 from ..pruning import PruneConfig, PruneConfigError
 
 #: key of the plugin's section in ``VllmConfig.additional_config`` and in ``SamplingParams.extra_args``
@@ -132,9 +132,12 @@ class PluginConfig:
 
 
 # -- request kinds ------------------------------------------------------------------------------
-#: A request the plugin scores, one it leaves alone (opted out, or no sampling parameters), and a
-#: SAR question-removed pass the front end submitted for a finished candidate.
-SCORE, SKIP, SAR_PASS = 0, 1, 2
+#: A request the plugin scores, one it leaves alone (opted out, or no sampling parameters), a
+#: SAR question-removed pass the front end submitted for a finished candidate, and a last-state
+#: pass (``emitted`` heads: the candidate's own sequence, to compute the states of its last token).
+SCORE, SKIP, SAR_PASS, LAST_STATE = 0, 1, 2, 3
+#: keys of the plugin's internal passes in ``extra_args["swift_fast"]``
+SAR_PASS_KEY, LAST_STATE_KEY = "sar_pass", "last_state"
 
 
 def request_kind(sampling_params) -> tuple[int, int]:
@@ -145,13 +148,21 @@ def request_kind(sampling_params) -> tuple[int, int]:
     extra = sampling_params.extra_args or {}
     own = extra.get(KEY)
     if isinstance(own, dict):
-        if "sar_pass" in own:
-            return SAR_PASS, int(own["sar_pass"])
+        if SAR_PASS_KEY in own:
+            return SAR_PASS, int(own[SAR_PASS_KEY])
+        if LAST_STATE_KEY in own:
+            return LAST_STATE, 0
         if own.get("score") is False:
             return SKIP, 0
     if extra.get("swift_fast_score") in (False, "false", "0", 0):
         return SKIP, 0
     return SCORE, 0
+
+
+def is_internal_pass(extra: dict | None) -> bool:
+    """Whether ``extra_args`` are those of a pass the front end submitted (SAR's or a last-state one)."""
+    own = (extra or {}).get(KEY)
+    return isinstance(own, dict) and (SAR_PASS_KEY in own or LAST_STATE_KEY in own)
 
 
 def trace_requested(sampling_params) -> bool:
@@ -194,14 +205,6 @@ def check_engine(vllm_config: Any, head: SwiftHead) -> None:
     model_config = vllm_config.model_config
     name = getattr(model_config, "model", None)
     head.check_model(model_config.hf_config, name=name)
-    if not ALIGNMENT[head.alignment].in_vllm:
-        raise HeadError(
-            f"the SWIFT head {head.model_name or ''} uses the 'emitted' alignment (the paper's: token r_j scored "
-            "with the states where r_j is the input). During generation vLLM never computes the states of the "
-            "last generated token, so the plugin cannot score such a head exactly and refuses it. Use a head "
-            "trained with alignment 'predicting' (the default of `swift-fast train`), or score emitted heads "
-            "offline with swift_fast.hf.swift_scores."
-        )
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is not None:
         raise HeadError(

@@ -42,7 +42,7 @@ from ..sar_context import (
     missing_context_message,
     question_removed_messages,
 )
-from .config import KEY, PluginConfig, PluginConfigError
+from .config import KEY, PluginConfig, PluginConfigError, is_internal_pass
 
 logger = logging.getLogger("swift_fast.vllm_plugin")
 
@@ -61,11 +61,6 @@ def explicit_context(extra: dict | None) -> Any:
     if isinstance(own, dict) and own.get("sar_context") is not None:
         return own["sar_context"]
     return extra.get(FLAT)
-
-
-def _is_sar_pass(extra: dict | None) -> bool:
-    own = (extra or {}).get(KEY)
-    return isinstance(own, dict) and "sar_pass" in own
 
 
 def _text_only(conversation) -> bool:
@@ -207,7 +202,7 @@ class Contexts:
         def process_inputs(request_id, prompt, params, *args, **kwargs):
             chat = prompt.pop(CHAT_INPUT, None) if isinstance(prompt, dict) else None
             rec = None
-            if isinstance(params, SamplingParams) and not _is_sar_pass(params.extra_args):
+            if isinstance(params, SamplingParams) and not is_internal_pass(params.extra_args):
                 rec = ctx.record_for(chat, params.extra_args)
             req = orig(request_id, prompt, params, *args, **kwargs)
             sp = getattr(req, "sampling_params", None)

@@ -1,6 +1,6 @@
 """Front-end side (the process that owns ``LLMEngine`` / ``AsyncLLM``): sums each request's
 per-token values into its score, attaches the results to every ``CompletionOutput``, and runs
-SAR's question-removed pass.
+the passes a finished candidate needs (SAR's, an ``emitted`` head's last state).
 
 Scores. ``OutputProcessor.process_outputs`` is wrapped: before vLLM's loop, the values each
 ``EngineCoreOutput`` carries (see :mod:`.transport`) are popped and added to the request's
@@ -14,7 +14,10 @@ A missing value is None, never a number: ``swift_score`` is None for a request t
 and whenever ``swift_tokens`` differs from the number of tokens in the output (a path that was
 never scored: the first such request is logged with the reason); ``sar`` is None when its pass
 could not run (no question-removed context, ``q0 + answer`` over ``max_model_len``, an engine
-error) or its two passes scored different tokens.
+error) or its two passes scored different tokens. An ``emitted`` head's value of a token comes
+with the next token (:mod:`.last_state`): a streamed or stopped (pruned, aborted) output's score
+covers every token but the last, and a finished one's all of them, its last token's from a
+last-state pass (None when that pass cannot run).
 
 Pruning (:mod:`.pruning`). After vLLM's loop has appended a step's tokens, the groups (the
 candidates of one request with ``n > 1``) that received values are checked against the pruning
@@ -22,18 +25,20 @@ policy; a candidate it stops gets its final output at once (``finish_reason`` ``
 ``swift_pruned = True``, its partial score, no SAR) and is aborted in the engine core with the
 step's ``reqs_to_abort``.
 
-SAR. When a scored candidate finishes (EOS, stop token, ``max_tokens``, stop string), its final
-output is held back: vLLM's ``RequestState`` stays registered (so ``LLM.generate`` keeps
-stepping and ``AsyncLLM`` keeps the request open) and a question-removed pass -- prompt
-``q0 + answer``, ``max_tokens=1``, prefix-cache reads off so that every answer position is
-computed -- goes to the engine core beside the other requests, through the engine's own input
-processor. Its answer log-probs come back summed by the worker (fused log-prob path); the
-candidate's log-probs with the question were summed during generation. Then the held output is
-released with ``sar`` set. Tokens the engine generates for a held candidate before the abort
-for its stop string lands are dropped as vLLM drops them for finished requests. An aborted
-candidate is released at once, without SAR, and its pass is aborted too. A pass that cannot be
-submitted releases its candidate at once with ``sar = None`` (and a warning): a held request
-never waits on a pass that does not exist.
+Passes. When a scored candidate finishes (EOS, stop token, ``max_tokens``, stop string) and SAR
+is on or the head is ``emitted``, its final output is held back: vLLM's ``RequestState`` stays
+registered (so ``LLM.generate`` keeps stepping and ``AsyncLLM`` keeps the request open) while
+its passes run, submitted together through the engine's own input processor beside the other
+requests (``passes`` maps each to its candidate and kind); it is released when all are back.
+SAR's question-removed pass -- prompt ``q0 + answer``, ``max_tokens=1``, prefix-cache reads off
+so that every answer position is computed -- returns the answer's log-probs summed by the
+worker (fused log-prob path); the candidate's log-probs with the question were summed during
+generation. The last-state pass (:mod:`.last_state`) returns the last token's SWIFT value.
+Tokens the engine generates for a held candidate before the abort for its stop string lands are
+dropped as vLLM drops them for finished requests. An aborted candidate is released at once,
+without its values, and its passes are aborted too. A pass that cannot be submitted counts as
+back at once with its value None (and a warning): a held request never waits on a pass that
+does not exist.
 """
 
 from __future__ import annotations
@@ -47,9 +52,10 @@ import types
 from typing import Any
 
 from ..definitions import GATE_EPS
+from ..head import ALIGNMENT
 from ..sar_context import DEFAULT
-from . import transport
-from .config import KEY, SCORE, PluginConfig, request_kind, trace_requested
+from . import last_state, transport
+from .config import SCORE, PluginConfig, request_kind, trace_requested
 from .contexts import context_of
 from .pruning import FINISH_REASON, Pruner
 from .transport import Values
@@ -64,19 +70,28 @@ _IN_BEAM_SEARCH = contextvars.ContextVar("swift_fast_in_beam_search", default=Fa
 class Accumulator:
     """Per-request sums (float64 on the host)."""
 
-    __slots__ = ("scored", "sar_wanted", "frontend", "context", "wsum", "gsum", "n", "lp", "lpn", "sar", "held",
-                 "released", "group", "index", "at", "conf", "pruned", "trace")
+    __slots__ = ("scored", "sar_wanted", "last_wanted", "frontend", "context", "wsum", "gsum", "n", "sampled", "lp",
+                 "lpn", "sar", "held", "pending", "released", "last_done", "last_missing", "cache_salt", "group",
+                 "index", "at", "conf", "pruned", "trace")
 
-    def __init__(self, scored: bool, sar_wanted: bool, frontend: "FrontEnd", context: dict | None = None):
+    def __init__(self, scored: bool, sar_wanted: bool, frontend: "FrontEnd", context: dict | None = None,
+                 last_wanted: bool = False):
         self.scored = scored
         self.sar_wanted = sar_wanted
+        #: an ``emitted`` head: the last token's states come from a last-state pass (.last_state)
+        self.last_wanted = last_wanted
         self.frontend = frontend
         self.context = context  # SAR's q0: {"ids", "source", "why"} (.contexts)
         self.wsum = self.gsum = self.lp = 0.0
-        self.n = self.lpn = 0
+        self.n = self.lpn = 0  # tokens scored; log-probs summed
+        self.sampled = 0  # values received from generation steps: one per token appended
         self.sar: float | None = None
         self.held: tuple | None = None
+        self.pending = 0  # passes submitted for the held output and not back yet
         self.released = False
+        self.last_done = False
+        self.last_missing: str | None = None  # why the last state cannot be computed
+        self.cache_salt: str | None = None
         self.group = None  # pruning.Group when the candidate's request is pruned
         self.index = 0  # its index in the group
         self.at: dict | None = None  # its signal at each decision threshold it reached (pruning)
@@ -85,46 +100,67 @@ class Accumulator:
         self.trace: tuple[list, list, list, list] | None = None  # per-token values, when the request asked
 
     def add(self, v: Values) -> None:
-        self.wsum += v.weighted
-        self.gsum += v.gate
-        self.n += int(v.tokens)
+        """The values of one generation step: one sampled token's log-prob and confidence, and the
+        SWIFT value of the token its state scores (the sampled one; for ``emitted`` heads the one
+        before it, or none on the first step)."""
+        self._add_swift(v)
         self.lp += v.logp
         self.lpn += int(v.logp_tokens)
-        if self.conf is not None and v.tokens:
+        self.sampled += 1
+        if self.conf is not None:
             self.conf.push(v.conf)
-        if self.group is not None and v.tokens:
-            self.group.record(self)
-        if self.trace is not None and v.tokens:
-            self.trace[0].append(v.weighted)
-            self.trace[1].append(v.gate)
+        if self.trace is not None:
             self.trace[2].append(v.conf)
             if self.sar_wanted:
                 self.trace[3].append(v.logp)
+        if self.group is not None:
+            self.group.record(self, swift=bool(v.tokens))
 
-    def score(self, num_tokens: int) -> float | None:
-        """The candidate's SWIFT score when every one of its ``num_tokens`` tokens was scored, else None."""
+    def add_last(self, v: Values) -> None:
+        """The value of a last-state pass: the last token's SWIFT value (``emitted`` heads)."""
+        self._add_swift(v)
+        self.last_done = True
+
+    def _add_swift(self, v: Values) -> None:
+        self.wsum += v.weighted
+        self.gsum += v.gate
+        self.n += int(v.tokens)
+        if self.trace is not None and v.tokens:
+            self.trace[0].append(v.weighted)
+            self.trace[1].append(v.gate)
+
+    def score(self, num_tokens: int, partial: bool = False) -> float | None:
+        """The candidate's SWIFT score when every one of its ``num_tokens`` tokens was scored, else
+        None; ``partial`` (a streamed, pruned or aborted output) also accepts, for an ``emitted`` head
+        before its last-state pass, every token but the last."""
         if not self.scored:
             return None
-        if self.n != num_tokens:
-            self.frontend.warn_once(
-                "unscored",
-                "swift-fast: a request's output has %d tokens and %d scored values; its swift_score is None "
-                "(the model runner did not report values for every token: is the plugin loaded in the workers?)",
-                num_tokens, self.n,
-            )
+        lag = 1 if partial and self.last_wanted and not self.last_done and num_tokens else 0
+        if num_tokens and not self.n:
+            return None  # nothing scored yet: an emitted head's first token
+        if self.n != num_tokens - lag:
+            if not (self.last_missing and self.n == num_tokens - 1):  # that reason was logged already
+                self.frontend.warn_once(
+                    "unscored",
+                    "swift-fast: a request's output has %d tokens and %d scored values; its swift_score is None "
+                    "(the model runner did not report values for every token: is the plugin loaded in the "
+                    "workers?)", num_tokens, self.n,
+                )
             return None
         return self.wsum / max(self.gsum, GATE_EPS)
 
     def attach(self, out, num_tokens: int) -> None:
-        out.swift_score = self.score(num_tokens)
+        final = out.finish_reason is not None
+        partial = not final or self.pruned or out.finish_reason == "abort"
+        out.swift_score = self.score(num_tokens, partial)
         out.swift_tokens = self.n if self.scored else 0
         out.swift_pruned = self.pruned
-        if self.trace is not None and out.finish_reason is not None:  # on the final output only
+        if self.trace is not None and final:  # on the final output only
             out.swift_trace = {"gate_reward": list(self.trace[0]), "gate": list(self.trace[1]),
                                "confidence": list(self.trace[2])}
             if self.sar_wanted:
                 out.swift_trace["logprob"] = list(self.trace[3])
-        if self.pruned and out.finish_reason is not None:
+        if self.pruned and final:
             out.finish_reason, out.stop_reason = FINISH_REASON, None
         if self.frontend.cfg.sar:
             out.sar = self.sar
@@ -142,15 +178,18 @@ class FrontEnd:
         self.engine_core = engine.engine_core
         self.input_processor = engine.input_processor
         self.max_model_len = engine.vllm_config.model_config.max_model_len
+        self.last_wanted = ALIGNMENT[cfg.load_head().alignment].extra_forward
         self.contexts = None
         if cfg.sar:
             from .contexts import Contexts
 
             self.contexts = Contexts(engine, cfg)
         self._warned: set[str] = set()
-        self.passes_submitted = 0  # question-removed passes sent to the engine (diagnostics)
-        self.passes: dict[str, Any] = {}  # pass request id -> candidate RequestState
-        self.pass_of: dict[str, str] = {}  # candidate request id -> pass request id
+        self.passes_submitted = 0  # passes sent to the engine (diagnostics)
+        self.last_state_passes = 0  # last-state passes back, and the tokens they computed (.last_state)
+        self.last_state_tokens = 0
+        self.passes: dict[str, tuple[Any, str]] = {}  # pass request id -> (candidate RequestState, "sar" | "last")
+        self.pass_of: dict[str, list[str]] = {}  # candidate request id -> its pass request ids
         self.pass_tokens: dict[str, int] = {}  # pass request id -> its prompt tokens (q0 + answer)
         self.to_release: list = []
         self._tasks: set = set()
@@ -174,7 +213,11 @@ class FrontEnd:
                 context = None
                 if scored and fe.contexts is not None:
                     context = context_of(request.sampling_params) or fe.contexts.default
-                acc = rs._swift_fast = Accumulator(scored, scored and fe.cfg.sar, fe, context)
+                acc = rs._swift_fast = Accumulator(scored, scored and fe.cfg.sar, fe, context,
+                                                   last_wanted=scored and fe.last_wanted)
+                if acc.last_wanted:
+                    acc.cache_salt = request.cache_salt
+                    acc.last_missing = last_state.unavailable(request)
                 if scored and trace_requested(request.sampling_params):
                     acc.trace = ([], [], [], [])
                 # vLLM's signature: add_request(request, prompt, parent_req=None, request_index=0, queue=None)
@@ -202,8 +245,7 @@ class FrontEnd:
             ids = orig_abort(request_ids, internal)
             extra = []
             for rid in ids:
-                pid = fe.pass_of.get(rid)
-                if pid is not None:
+                for pid in list(fe.pass_of.get(rid, ())):
                     fe._forget_pass(pid)
                     extra.append(pid)
             return list(ids) + extra
@@ -230,10 +272,10 @@ class FrontEnd:
         for eco in engine_core_outputs:
             v = transport.pop(eco)
             rid = eco.request_id
-            cand = self.passes.get(rid)
-            if cand is not None:
+            entry = self.passes.get(rid)
+            if entry is not None:
                 if eco.finished:
-                    self._pass_done(rid, cand, v, eco.finish_reason)
+                    self._pass_done(rid, *entry, v, eco)
                 continue
             rs = states.get(rid)
             if rs is not None:
@@ -293,13 +335,21 @@ class FrontEnd:
 
     def hold(self, rs, call: tuple) -> None:
         """A scored candidate finished: hold its final output (``call``: the arguments of
-        ``make_request_output``) and start its SAR pass."""
+        ``make_request_output``) and start its passes -- SAR's question-removed pass and, for an
+        ``emitted`` head, the last-state pass (:mod:`.last_state`). It is released when all are back."""
         acc = rs._swift_fast
         acc.held = call
         answer = list(rs.detokenizer.output_token_ids)
+        if acc.sar_wanted:
+            self._start_sar(rs, acc, answer)
+        if acc.last_wanted and answer:
+            self._start_last_state(rs, acc, answer)
+        if not acc.pending:
+            self.to_release.append(rs)
+
+    def _start_sar(self, rs, acc: Accumulator, answer: list[int]) -> None:
         if not answer:
             acc.sar = 0.0  # no answer token: no evidence either way (swift_fast.sar)
-            self.to_release.append(rs)
             return
         context = acc.context or {"ids": None, "source": DEFAULT, "why": "no question-removed context"}
         q0 = context["ids"]
@@ -310,7 +360,6 @@ class FrontEnd:
                 "debug level)", rs.external_req_id, context["why"], context["source"],
             )
             logger.debug("swift-fast: sar is None for request %s: %s", rs.external_req_id, context["why"])
-            self.to_release.append(rs)
             return
         if context["source"] == DEFAULT:
             self.warn_once(
@@ -321,90 +370,116 @@ class FrontEnd:
                 rs.external_req_id, len(q0),
             )
         if len(q0) + len(answer) > self.max_model_len:
-            self._no_pass(rs, ValueError(
+            self._pass_failed(rs, "sar", ValueError(
                 f"the question-removed pass needs {len(q0)} context + {len(answer)} answer tokens, over "
                 f"max_model_len {self.max_model_len}: give a shorter sar_context or a larger --max-model-len"
             ))
-            self.to_release.append(rs)
             return
+        self._submit(rs, "sar", q0 + answer, q0_len=len(q0))
+
+    def _start_last_state(self, rs, acc: Accumulator, answer: list[int]) -> None:
+        why = acc.last_missing or last_state.too_long(len(rs.prompt_token_ids), len(answer), self.max_model_len)
+        if why is not None:
+            self._pass_failed(rs, "last", ValueError(why))
+            return
+        self._submit(rs, "last", list(rs.prompt_token_ids) + answer, cache_salt=acc.cache_salt)
+
+    def _submit(self, rs, kind: str, ids: list[int], q0_len: int = 0, cache_salt: str | None = None) -> None:
+        """Send one pass of ``kind`` (``"sar"`` or ``"last"``) for held candidate ``rs`` to the engine core."""
+        from vllm.inputs.engine import tokens_input
+
         try:
-            req = self._pass_request(rs, q0, answer)
-        except Exception as e:  # a pass the engine refuses (e.g. q0 + answer over max_model_len)
-            self._no_pass(rs, e)
-            self.to_release.append(rs)
+            req = self.input_processor.process_inputs(
+                f"swift-fast-{kind}-{rs.request_id}",
+                tokens_input(ids, cache_salt=cache_salt),  # already token ids: nothing to render
+                last_state.pass_params(kind, q0_len),
+                supported_tasks=("generate",),
+                lora_request=rs.lora_request,
+            )
+            self.input_processor.assign_request_id(req)
+        except Exception as e:  # a pass the engine refuses
+            self._pass_failed(rs, kind, e)
             return
-        self.passes[req.request_id] = rs
-        self.pass_of[rs.request_id] = req.request_id
-        self.pass_tokens[req.request_id] = len(q0) + len(answer)
+        pid = req.request_id
+        self.passes[pid] = (rs, kind)
+        self.pass_of.setdefault(rs.request_id, []).append(pid)
+        self.pass_tokens[pid] = len(ids)
+        rs._swift_fast.pending += 1
         self.passes_submitted += 1
         if self.is_async:
             task = asyncio.get_running_loop().create_task(self.engine_core.add_request_async(req))
             self._tasks.add(task)
-            task.add_done_callback(lambda t, pid=req.request_id: self._submitted(pid, t))
+            task.add_done_callback(lambda t, pid=pid: self._submitted(pid, t))
         else:
             try:
                 self.engine_core.add_request(req)
             except Exception as e:
-                self._forget_pass(req.request_id)
-                self._no_pass(rs, e)
-                self.to_release.append(rs)
+                self._forget_pass(pid)
+                rs._swift_fast.pending -= 1
+                self._pass_failed(rs, kind, e)
 
-    def _no_pass(self, rs, e: Exception) -> None:
-        # once per kind of failure: a server refusing many passes must not flood its log
+    def _pass_failed(self, rs, kind: str, e: Exception) -> None:
+        """A pass that cannot run: its value is None (``sar``, or ``swift_score`` of an emitted head),
+        logged once per kind of failure, so a server refusing many passes does not flood its log."""
+        what = "sar" if kind == "sar" else "swift_score"
         self.warn_once(
-            "no-pass:" + type(e).__name__,
-            "swift-fast: no SAR pass for request %s, its sar is None: %s (later requests failing the same way "
-            "are logged at debug level)", rs.external_req_id, e,
+            f"no-{kind}-pass:" + type(e).__name__,
+            "swift-fast: no %s pass for request %s, its %s is None: %s (later requests failing the same way are "
+            "logged at debug level)", "SAR" if kind == "sar" else "last-state", rs.external_req_id, what, e,
         )
-        logger.debug("swift-fast: no SAR pass for request %s: %s", rs.external_req_id, e)
-        rs._swift_fast.sar = None
+        logger.debug("swift-fast: no %s pass for request %s: %s", kind, rs.external_req_id, e)
+        if kind == "sar":
+            rs._swift_fast.sar = None
+        else:
+            rs._swift_fast.last_missing = str(e)
 
     def _forget_pass(self, pass_id: str):
-        rs = self.passes.pop(pass_id, None)
+        """Unregister a pass; returns its ``(candidate RequestState, kind)`` or None."""
+        entry = self.passes.pop(pass_id, None)
         self.pass_tokens.pop(pass_id, None)
-        if rs is not None:
-            self.pass_of.pop(rs.request_id, None)
-        return rs
+        if entry is not None:
+            rid = entry[0].request_id
+            pids = self.pass_of.get(rid, [])
+            if pass_id in pids:
+                pids.remove(pass_id)
+            if not pids:
+                self.pass_of.pop(rid, None)
+        return entry
 
     def _submitted(self, pass_id: str, task) -> None:
-        """Done callback of an asynchronous pass submission: a failed one releases its candidate now
-        (no engine output will ever arrive for it to be released with)."""
+        """Done callback of an asynchronous pass submission: a failed one counts as back (no engine
+        output will ever arrive for it), and its candidate is released if nothing else is pending."""
         self._tasks.discard(task)
         if task.cancelled() or task.exception() is not None:
-            rs = self._forget_pass(pass_id)
-            if rs is not None:
-                self._no_pass(rs, task.exception() if not task.cancelled() else RuntimeError("submission cancelled"))
-                self.to_release.append(rs)
+            entry = self._forget_pass(pass_id)
+            if entry is not None:
+                rs, kind = entry
+                self._pass_failed(rs, kind, task.exception() if not task.cancelled() else RuntimeError("cancelled"))
+                self._one_back(rs)
                 self._release([])
 
-    def _pass_request(self, rs, q0: list[int], answer: list[int]):
-        from vllm import SamplingParams
-        from vllm.inputs.engine import tokens_input
+    def _one_back(self, rs) -> None:
+        acc = rs._swift_fast
+        acc.pending -= 1
+        if acc.pending <= 0:
+            self.to_release.append(rs)
 
-        params = SamplingParams(
-            max_tokens=1,
-            temperature=0.0,
-            detokenize=False,
-            skip_reading_prefix_cache=True,
-            extra_args={KEY: {"sar_pass": len(q0)}},
-        )
-        req = self.input_processor.process_inputs(
-            f"swift-fast-sar-{rs.request_id}",
-            tokens_input(q0 + answer),  # already token ids: nothing to render
-            params,
-            supported_tasks=("generate",),
-            lora_request=rs.lora_request,
-        )
-        self.input_processor.assign_request_id(req)
-        return req
-
-    def _pass_done(self, pass_id: str, rs, v: Values | None, finish_reason) -> None:
+    def _pass_done(self, pass_id: str, rs, kind: str, v: Values | None, eco) -> None:
         self._forget_pass(pass_id)
         acc = rs._swift_fast
-        if v is None or v.logp_tokens <= 0 or acc.lpn <= 0:
+        if kind == "last":
+            self.last_state_passes += 1
+            stats = getattr(eco, "prefill_stats", None)
+            if stats is not None:
+                self.last_state_tokens += int(stats.num_prompt_tokens) - int(stats.num_cached_tokens)
+            if v is None or int(v.tokens) != 1:
+                self._pass_failed(rs, kind, RuntimeError(f"the pass reported no state ({eco.finish_reason})"))
+            else:
+                acc.add_last(v)
+        elif v is None or v.logp_tokens <= 0 or acc.lpn <= 0:
             logger.warning(
                 "swift-fast: SAR pass for request %s returned no log-probs (%s); sar is None",
-                rs.external_req_id, finish_reason,
+                rs.external_req_id, eco.finish_reason,
             )
             acc.sar = None
         elif int(v.logp_tokens) != acc.lpn:
@@ -417,7 +492,7 @@ class FrontEnd:
             acc.sar = None
         else:
             acc.sar = sar_value(acc.lp / acc.lpn, v.logp / v.logp_tokens)
-        self.to_release.append(rs)
+        self._one_back(rs)
 
 
 def sar_value(mean_with_question: float, mean_without_question: float) -> float:
@@ -446,7 +521,7 @@ def _patch_request_state() -> None:
         acc = getattr(self, "_swift_fast", None)
         if (
             acc is not None
-            and acc.sar_wanted
+            and (acc.sar_wanted or acc.last_wanted)
             and finish_reason is not None
             and acc.held is None
             and finish_reason not in no_sar

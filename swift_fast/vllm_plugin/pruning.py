@@ -45,7 +45,7 @@ from typing import Any
 from ..confidence import RunningConfidence
 from ..definitions import GATE_EPS
 from ..pruning import FIELDS, PruneConfig, PruneConfigError, threshold, to_prune
-from .config import KEY, SCORE, request_kind
+from .config import KEY, SCORE, is_internal_pass, request_kind
 
 logger = logging.getLogger("swift_fast.vllm_plugin")
 
@@ -143,14 +143,24 @@ class Group:
         self.pruned: set[int] = set()
         self.decisions = 0
 
-    def record(self, acc) -> None:
-        """After candidate ``acc`` received a token: keep its signal if its token count is a decision
-        threshold, so that every candidate is ranked on its value at exactly that many tokens, even
-        when it ran ahead of a sibling that started or was preempted later."""
-        cfg, n = self.cfg, acc.n
+    def record(self, acc, swift: bool) -> None:
+        """After candidate ``acc`` received a token's values (``swift``: including a SWIFT value):
+        keep each of its signals whose count is a decision threshold, so that every candidate is
+        ranked on its values at exactly that many tokens, even when it ran ahead of a sibling that
+        started or was preempted later. The counts differ for an ``emitted`` head, whose SWIFT value
+        of a token arrives with the next token (:mod:`.last_state`): each signal is kept at its own."""
+        cfg = self.cfg
+        if swift and cfg.signal != "confidence":
+            self._keep(acc, "swift", acc.n)
+        if cfg.signal != "swift":
+            self._keep(acc, "confidence", acc.sampled)
+
+    def _keep(self, acc, name: str, n: int) -> None:
+        cfg = self.cfg
         if n >= cfg.warmup and (n == cfg.warmup if cfg.every == 0 else (n - cfg.warmup) % cfg.every == 0):
             if n >= (threshold(cfg, self.decisions) or n + 1):  # thresholds already decided are not needed
-                acc.at[n] = signal(acc, cfg)
+                value = acc.wsum / max(acc.gsum, GATE_EPS) if name == "swift" else acc.conf.value()
+                acc.at.setdefault(n, {})[name] = value
 
 
 class Pruner:
@@ -170,7 +180,7 @@ class Pruner:
 
         def process_inputs(request_id, prompt, params, *args, **kwargs):
             cfg = None
-            if isinstance(params, SamplingParams) and not _is_internal(params.extra_args):
+            if isinstance(params, SamplingParams) and not is_internal_pass(params.extra_args):
                 cfg = resolve(params, pruner.default)  # raises before anything is queued
             req = orig(request_id, prompt, params, *args, **kwargs)
             sp = getattr(req, "sampling_params", None)
@@ -214,11 +224,11 @@ class Pruner:
                 running = [rs for rs in live if rs is not None and is_running(rs)]
                 # members the scheduler has not started (no KV room yet) are not ranked: they
                 # must not block the decision that would free room for them
-                started = [rs for rs in running if rs._swift_fast.n > 0]
-                if t is None or not started or min(rs._swift_fast.n for rs in started) < t:
+                started = [rs for rs in running if rs._swift_fast.sampled > 0]
+                if t is None or not started or min(count(rs._swift_fast, g.cfg) for rs in started) < t:
                     break
                 others = len(g.members) - len(g.pruned) - len(started)
-                values = [rs._swift_fast.at.get(t, math.nan) for rs in started]
+                values = [signal_at(rs._swift_fast, g.cfg, t) for rs in started]
                 for j in to_prune(values, g.cfg, others):
                     acc = started[j]._swift_fast
                     acc.pruned = True
@@ -231,19 +241,23 @@ class Pruner:
         return out
 
 
-def signal(acc, cfg: PruneConfig):
-    """A running candidate's signal (higher is better; NaN when it has none; ``combined``: the
-    ``(swift, confidence)`` pair)."""
-    conf = acc.conf.value() if acc.conf is not None else math.nan
+def count(acc, cfg: PruneConfig) -> int:
+    """Tokens a candidate's signal covers: its scored tokens (SWIFT), its sampled tokens
+    (confidence), the fewer of the two (combined)."""
+    if cfg.signal == "swift":
+        return acc.n
     if cfg.signal == "confidence":
-        return conf
-    swift = acc.wsum / max(acc.gsum, GATE_EPS) if acc.n else math.nan
-    return (swift, conf) if cfg.signal == "combined" else swift
+        return acc.sampled
+    return min(acc.n, acc.sampled)
 
 
-def _is_internal(extra: dict | None) -> bool:
-    own = (extra or {}).get(KEY)
-    return isinstance(own, dict) and "sar_pass" in own
+def signal_at(acc, cfg: PruneConfig, t: int):
+    """A candidate's signal at ``t`` tokens, as recorded (higher is better; NaN when it has none;
+    ``combined``: the ``(swift, confidence)`` pair)."""
+    at = acc.at.get(t, {})
+    if cfg.signal == "combined":
+        return at.get("swift", math.nan), at.get("confidence", math.nan)
+    return at.get(cfg.signal, math.nan)
 
 
 __all__ = ["FINISH_REASON", "FLAT", "RESOLVED", "Group", "Pruner", "config_of", "requested", "resolve",

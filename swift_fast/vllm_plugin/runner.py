@@ -11,13 +11,18 @@ score always covers exactly ``CompletionOutput.token_ids``: preempted and recomp
 tokens generated past a stop string before the abort lands, outputs the scheduler drops, and
 requests that finish or are aborted mid-step cannot be counted twice or counted at all.
 
-Which row scores which token (``predicting`` alignment): a request row samples from the
-state of its last scheduled token, ``query_start_loc[i + 1] - 1``; the token it samples is
-kept unless the row is a partial prefill chunk (``discard_request_mask``), which is also
-vLLM's rule. That state is always computed by the forward, whatever prefix caching skipped
-(vLLM recomputes at least the last prompt token to sample), and it is the state whose logits
-produced the token. ``slots[t] = i`` for that token, ``-1`` for every other token of the
-batch; ``finish_`` gates and sums into ``state[i]``, which is read and cleared every step.
+Which row scores which token. A request row samples from the state of its last scheduled
+token, ``query_start_loc[i + 1] - 1``; the token it samples is kept unless the row is a partial
+prefill chunk (``discard_request_mask``), which is also vLLM's rule. That state is always
+computed by the forward, whatever prefix caching skipped (vLLM recomputes at least the last
+prompt token to sample). ``predicting``: it is the state whose logits produced the sampled
+token, which it scores. ``emitted``: it is the state of the request's last token so far as an
+input (the token sampled one step earlier, or after a preemption the last token recomputed),
+which it scores when that token is a response token (position >= the prompt length): each
+response token exactly once, all but the last, whose states come from a last-state pass
+(:mod:`.last_state`) that reports its one row the same way. ``slots[t] = i`` for the scored
+state, ``-1`` for every other token of the batch; ``finish_`` gates and sums into
+``state[i]``, which is read and cleared every step.
 
 For a request pruned by DeepConf's confidence, or traced (:mod:`.pruning`, ``trace``), the
 step also reports the sampled row's token confidence (a top-k and a logsumexp over that row's
@@ -38,10 +43,10 @@ import numpy as np
 import torch
 
 from ..confidence import token_confidence
-from ..head import SwiftHead
+from ..head import ALIGNMENT, SwiftHead
 from ..kernels.streaming import finish_, project_layer_
 from . import model_hooks
-from .config import SAR_PASS, SCORE, SKIP, PluginConfig, request_kind, trace_requested
+from .config import LAST_STATE, SAR_PASS, SCORE, SKIP, PluginConfig, request_kind, trace_requested
 from .pruning import wants_confidence
 from .sar_worker import SarWorker
 from .staging import Staging
@@ -63,6 +68,8 @@ class RunnerScoring:
         self.runner = runner
         self.cfg = cfg
         self.head = head
+        #: a response token at position q is scored by the state at q + offset (-1 or 0)
+        self.state_offset = ALIGNMENT[head.alignment].state_offset
         self.device = runner.device
         self.max_reqs = int(runner.max_num_reqs)
         max_tokens = int(runner.max_num_tokens)
@@ -149,13 +156,16 @@ class RunnerScoring:
         discard = r.discard_request_mask.np[:n].astype(bool)
         kinds = [self._kind(rid) for rid in req_ids]
         score_rows = [i for i in range(n) if kinds[i][0] == SCORE and not discard[i]]
+        last_rows = [i for i in range(n) if kinds[i][0] == LAST_STATE and not discard[i]]
         pass_rows = [i for i in range(n) if kinds[i][0] == SAR_PASS]
-        if not score_rows and not pass_rows:
+        if not score_rows and not pass_rows and not last_rows:
             return None
         values = torch.zeros(n, NCOLS, dtype=torch.float32, device=self.device)
-        step = _Step(req_ids=req_ids, values=values, report=list(score_rows))
+        step = _Step(req_ids=req_ids, values=values, report=score_rows + last_rows)
+        swift_rows = self._credited(score_rows, qsl) + last_rows
+        if swift_rows:
+            self._swift(st, qsl, sorted(swift_rows), values)
         if score_rows:
-            self._swift(st, qsl, score_rows, values)
             if self.sar is not None:
                 step.sar = self.sar.keep_rows(st.logits, score_rows)
             conf_rows = [i for i in score_rows if kinds[i][2]]
@@ -171,6 +181,16 @@ class RunnerScoring:
             # a pass reports once its prefill is complete (its last chunk is not discarded)
             step.report += [i for i in pass_rows if not discard[i]]
         return step
+
+    def _credited(self, rows: list[int], qsl: np.ndarray) -> list[int]:
+        """The sampling rows whose state scores a response token: all of them for ``predicting``;
+        for ``emitted``, those whose last scheduled position (the state's own token) is past the prompt."""
+        if self.state_offset < 0:
+            return rows
+        requests, ib = self.runner.requests, self.runner.input_batch
+        computed = ib.num_computed_tokens_cpu
+        first = [requests[ib.req_ids[i]].num_prompt_tokens + self.state_offset for i in rows]
+        return [i for i, f in zip(rows, first) if computed[i] + (qsl[i + 1] - qsl[i]) - 1 >= f]
 
     def _confidence(self, logits: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
         """DeepConf's token confidence of each row's distribution (the one its token is sampled

