@@ -3,12 +3,21 @@
 File format (``swift_fast.head/1``, safetensors, no pickle): tensors ``weight`` ``[2, k*d]``
 (row 0 gate, row 1 reward; ``[1, k*d]`` without gate) and ``bias`` ``[2]`` / ``[1]``, float32;
 string metadata ``format``, ``hidden_size``, ``layers`` (JSON), ``gate``, ``alignment``,
-``feature``, ``model``, ``model_fingerprint`` (JSON) and ``provenance`` (JSON).
+``feature``, ``model``, ``model_fingerprint`` (JSON), ``provenance`` (JSON) and ``state_norm``.
+
+``state_norm`` (JSON): ``null`` (no normalisation), or ``{"type": "rms", "eps": <float>}``: each
+selected state ``h`` (``[d]``, the residual stream as stored, squared and averaged in float32) is
+divided by ``sqrt(mean(h^2) + eps)`` before the projection, as the SWIFT code's ``--apply_norm``
+does with the model's final RMSNorm; the norm's gain ``g`` is already folded into ``weight``
+(``weight[:, l*d:(l+1)*d] = g * w_l``), so scoring needs only each token's rms per state.
+Files without the key (written before it existed) load as ``null``.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -31,18 +40,16 @@ class Alignment:
     #: -1: the state whose logits produced ``r_j``; 0: the state where ``r_j`` is the input
     state_offset: int
     #: generation never computes the state of its last token as an input: scoring needs one
-    #: more forward of one token per sequence
+    #: more forward of that token per sequence (the vLLM plugin's last-state pass)
     extra_forward: bool
-    #: the vLLM plugin scores this alignment during generation
-    in_vllm: bool
     #: what scores the first response token, in words (for error messages)
     first_token_state: str
 
 
 ALIGNMENT = {
-    "predicting": Alignment(state_offset=-1, extra_forward=False, in_vllm=True,
+    "predicting": Alignment(state_offset=-1, extra_forward=False,
                             first_token_state="the state of the last prompt token"),
-    "emitted": Alignment(state_offset=0, extra_forward=True, in_vllm=False, first_token_state="its own state"),
+    "emitted": Alignment(state_offset=0, extra_forward=True, first_token_state="its own state"),
 }
 ALIGNMENTS = tuple(ALIGNMENT)
 FEATURES = ("hidden", "logits")
@@ -125,6 +132,9 @@ class SwiftHead(nn.Module):
         alignment: ``"predicting"`` (the state whose logits produced the token) or ``"emitted"``
             (the state where the token is the input; the paper's definition).
         feature: ``"hidden"`` or ``"logits"``.
+        norm_eps: ``None`` (no state norm), or ``eps >= 0``: each selected state is divided by
+            ``sqrt(mean(h^2) + eps)`` (per token, per state, float32) before the projection; any
+            norm gain is already folded into ``weight``. Hidden-state heads only.
     """
 
     def __init__(
@@ -134,6 +144,7 @@ class SwiftHead(nn.Module):
         gate: bool = True,
         alignment: str = "predicting",
         feature: str = "hidden",
+        norm_eps: float | None = None,
     ):
         super().__init__()
         if alignment not in ALIGNMENTS:
@@ -150,11 +161,14 @@ class SwiftHead(nn.Module):
             raise HeadError(f"layer selection {list(layers)} repeats an index")
         if int(hidden_size) <= 0:
             raise HeadError(f"hidden_size must be positive, got {hidden_size}")
+        norm_eps = _check_norm_eps(norm_eps, feature)
         self.hidden_size = int(hidden_size)
         self.layers = [int(i) for i in layers]
         self.gate = bool(gate)
         self.alignment = alignment
         self.feature = feature
+        #: ``None`` or the epsilon of the per-token RMS normalisation of each selected state
+        self.norm_eps: float | None = norm_eps
         rows = 2 if gate else 1
         self.weight = nn.Parameter(torch.zeros(rows, len(self.layers) * self.hidden_size))
         self.bias = nn.Parameter(torch.zeros(rows))
@@ -176,7 +190,7 @@ class SwiftHead(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"hidden_size={self.hidden_size}, layers={self.layers}, gate={self.gate}, "
-            f"alignment={self.alignment!r}, feature={self.feature!r}"
+            f"alignment={self.alignment!r}, feature={self.feature!r}, norm_eps={self.norm_eps!r}"
         )
 
     # -- model fit -------------------------------------------------------------------------
@@ -227,6 +241,7 @@ class SwiftHead(nn.Module):
             "model": self.model_name or "",
             "model_fingerprint": json.dumps(self.model_fingerprint),
             "provenance": json.dumps(self.provenance, sort_keys=True, default=str),
+            "state_norm": json.dumps(None if self.norm_eps is None else {"type": "rms", "eps": self.norm_eps}),
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -270,6 +285,7 @@ class SwiftHead(nn.Module):
                 gate=json.loads(meta.get("gate", "true")),
                 alignment=meta.get("alignment", "predicting"),
                 feature=meta.get("feature", "hidden"),
+                norm_eps=_norm_eps_from_meta(meta.get("state_norm", "null")),
             )
             head.model_name = meta.get("model", "")
             head.model_fingerprint = json.loads(meta.get("model_fingerprint", "null"))
@@ -288,6 +304,36 @@ class SwiftHead(nn.Module):
             head.weight.copy_(w.float())
             head.bias.copy_(b.float())
         return head.to(map_location)
+
+
+def _check_norm_eps(norm_eps, feature: str) -> float | None:
+    if norm_eps is None:
+        return None
+    if feature == "logits":
+        raise HeadError(
+            "a logit-feature head cannot have a state norm (norm_eps): the RMS normalisation applies to "
+            "hidden states, and the logits come after the model's own final norm; pass norm_eps=None"
+        )
+    # NOTE: bool is an int: True would silently mean eps = 1
+    if isinstance(norm_eps, bool) or not isinstance(norm_eps, numbers.Real):
+        raise HeadError(f"norm_eps must be a float or None, got {type(norm_eps).__name__} {norm_eps!r}")
+    eps = float(norm_eps)
+    if not (math.isfinite(eps) and eps >= 0.0):
+        raise HeadError(f"norm_eps must be finite and >= 0, got {norm_eps!r}")
+    return eps
+
+
+def _norm_eps_from_meta(text: str) -> float | None:
+    """``state_norm`` metadata (JSON ``null`` or ``{"type": "rms", "eps": e}``) -> ``norm_eps``."""
+    spec = json.loads(text)
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or spec.get("type") != "rms" or "eps" not in spec:
+        raise HeadError(
+            f"state_norm {text!r}: expected null or {{\"type\": \"rms\", \"eps\": <float>}} "
+            "(a newer swift-fast may know this norm: upgrade swift-fast)"
+        )
+    return spec["eps"]
 
 
 def _fp_str(fp: dict | None) -> str:

@@ -41,7 +41,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 import torch.nn.functional as F
 
-from .head import SwiftHead
+from .head import HeadError, SwiftHead
 from .kernels.swift_reduce import swift_reduce_reference
 
 LOSSES = ("bce", "hinge", "dpo", "infonca", "nca")
@@ -368,10 +368,11 @@ def check_label_balance(train: Sequence[Example], val: Sequence[Example], loss: 
 
 # -- the loop --------------------------------------------------------------------------------
 def head_scores(head: SwiftHead, states: Sequence[torch.Tensor], cu: torch.Tensor) -> torch.Tensor:
-    """``R`` per sequence, differentiable in the head's parameters (DESIGN 2 reference math)."""
+    """``R`` per sequence, differentiable in the head's parameters (DESIGN 2 reference math,
+    with the head's state norm when it has one: evaluating such a head is scoring, not training)."""
     dev = head.weight.device
     states = [s.to(dev) for s in states]
-    return swift_reduce_reference(states, head.weight, head.bias, cu.to(dev))[0]
+    return swift_reduce_reference(states, head.weight, head.bias, cu.to(dev), head.norm_eps)[0]
 
 
 def _batches(examples: list[Example], loss: str, batch_size: int, g: torch.Generator) -> list[list[int]]:
@@ -447,8 +448,16 @@ def train_head(
     epoch's validation.
 
     Raises ``LabelBalanceError`` before the first epoch when a split cannot teach or measure the
-    loss (``check_label_balance``); the counts it checked are ``result.labels``.
+    loss (``check_label_balance``); the counts it checked are ``result.labels``. Raises
+    ``HeadError`` for a head with a state norm (``norm_eps``): training does not support those.
     """
+    if head.norm_eps is not None:
+        # NOTE: such a head stores g * w (the norm's gain folded in), so weight decay and the
+        # initialisation would act on the folded weight: refused rather than trained differently
+        raise HeadError(
+            f"train_head does not train heads with a state norm (this head has norm_eps={head.norm_eps}): "
+            "train a head with norm_eps=None"
+        )
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; expected one of {', '.join(LOSSES)}")
     if not train:

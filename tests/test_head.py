@@ -133,3 +133,74 @@ def test_resolve_layers():
     for bad, msg in [("last9", "0..4"), ("5", "out of range"), ("x,y", "comma-separated"), ("lastx", "lastN")]:
         with pytest.raises(HeadError, match=msg):
             resolve_layers(bad, 4)
+
+
+# -- state norm ----------------------------------------------------------------------------
+
+
+def test_state_norm_round_trip_and_format(tmp_path):
+    from safetensors import safe_open
+
+    h = SwiftHead(8, [0, 2], norm_eps=1e-6, alignment="emitted")
+    p = tmp_path / "norm.safetensors"
+    h.save(p)
+    with safe_open(str(p), "pt") as f:
+        meta = f.metadata()
+    assert json.loads(meta["state_norm"]) == {"type": "rms", "eps": 1e-6}
+    g = SwiftHead.load(p)
+    assert g.norm_eps == 1e-6 and torch.equal(g.weight, h.weight)
+    assert "norm_eps=1e-06" in repr(g)
+    for eps in (0.0, 0.5, 3e-7):  # float32-unfriendly values keep their exact float64 value
+        SwiftHead(8, [1], norm_eps=eps).save(p)
+        assert SwiftHead.load(p).norm_eps == eps
+    plain = SwiftHead(8, [1])
+    plain.save(p)
+    with safe_open(str(p), "pt") as f:
+        assert f.metadata()["state_norm"] == "null"
+    assert SwiftHead.load(p).norm_eps is None and "norm_eps=None" in repr(plain)
+
+
+def test_state_norm_missing_key_loads_as_none(tmp_path):
+    # heads written before the key existed
+    h = SwiftHead(4, [0, 1])
+    meta = {k: v for k, v in h.metadata().items() if k != "state_norm"}
+    p = tmp_path / "old.safetensors"
+    save_file({"weight": torch.ones(2, 8), "bias": torch.zeros(2)}, str(p), metadata=meta)
+    g = SwiftHead.load(p)
+    assert g.norm_eps is None and torch.equal(g.weight, torch.ones(2, 8))
+
+
+@pytest.mark.parametrize("eps", [-1e-6, float("nan"), float("inf"), "1e-6", True])
+def test_state_norm_bad_eps(eps):
+    with pytest.raises(HeadError, match="norm_eps must be"):
+        SwiftHead(4, [0], norm_eps=eps)
+
+
+def test_logit_head_cannot_have_a_state_norm():
+    with pytest.raises(HeadError, match="logit-feature head cannot have a state norm"):
+        SwiftHead(100, feature="logits", norm_eps=1e-6)
+    SwiftHead(100, feature="logits", norm_eps=None)
+
+
+@pytest.mark.parametrize(
+    "state_norm, message",
+    [
+        ('{"type": "layer", "eps": 1e-5}', "expected null or"),
+        ('{"type": "rms"}', "expected null or"),
+        ('{"type": "rms", "eps": -1}', "norm_eps must be finite and >= 0"),
+        ('{"type": "rms", "eps": "x"}', "norm_eps must be a float"),
+        ("[1e-6]", "expected null or"),
+        ("{oops", "malformed head metadata"),
+    ],
+)
+def test_state_norm_bad_metadata(tmp_path, state_norm, message):
+    meta = dict(SwiftHead(4, [0, 1]).metadata(), state_norm=state_norm)
+    p = tmp_path / "bad.safetensors"
+    save_file({"weight": torch.zeros(2, 8), "bias": torch.zeros(2)}, str(p), metadata=meta)
+    with pytest.raises(HeadError, match=message):
+        SwiftHead.load(p)
+    # a logit head's file that claims a state norm
+    meta = dict(SwiftHead(4, feature="logits").metadata(), state_norm='{"type": "rms", "eps": 1e-6}')
+    save_file({"weight": torch.zeros(2, 4), "bias": torch.zeros(2)}, str(p), metadata=meta)
+    with pytest.raises(HeadError, match="logit-feature head cannot have a state norm"):
+        SwiftHead.load(p)

@@ -57,9 +57,9 @@ def _compile_all():
         return dict(regs=int(field.get("REG", -1)), local=int(field.get("LOCAL", -1)),
                     cp_async=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"), v4=ptx.count("ld.global.v4"))
 
-    def project(nl, has_res, rnd, rows, hdt, tiles=(sr.BLOCK_T, sr.BLOCK_D)):
-        a = dict(z_ptr="*fp32", stride_z="i32", w_ptr="*fp32", stride_w="i32", T="i32", D="i32",
-                 NUM_LAYERS=nl, HAS_RES=has_res, ROUND=rnd, ROWS=rows, ACCUMULATE=True,
+    def project(nl, has_res, rnd, rows, hdt, tiles=(sr.BLOCK_T, sr.BLOCK_D), norm=False):
+        a = dict(z_ptr="*fp32", stride_z="i32", w_ptr="*fp32", stride_w="i32", T="i32", D="i32", norm_eps="fp32",
+                 NUM_LAYERS=nl, HAS_RES=has_res, ROUND=rnd, ROWS=rows, NORM=norm, ACCUMULATE=True,
                  BLOCK_T=tiles[0], BLOCK_D=tiles[1], NUM_STAGES=sr.NUM_STAGES)
         for j in range(4):
             a.update({f"h{j}": hdt, f"r{j}": hdt, f"sh{j}": "i32", f"sr{j}": "i32"})
@@ -78,6 +78,14 @@ def _compile_all():
         "project fp32 x3": (sr._project_kernel, project(3, False, 0, 2, "*fp32"), sr.NUM_WARPS, True),
         **{f"project_layer_ bf16 pair, tiles {t}": (sr._project_kernel, project(1, True, 1, 2, "*bf16", t),
                                                     sr.NUM_WARPS, True) for t in st.PROJECT_TILES},
+        # the state norm: a sum of squares and per-layer partial dots beside the running sums
+        "project bf16 x4 pairs, state norm": (sr._project_kernel, project(4, True, 1, 2, "*bf16", norm=True),
+                                              sr.NUM_WARPS, True),
+        "project fp32 x3, state norm": (sr._project_kernel, project(3, False, 0, 1, "*fp32", norm=True),
+                                        sr.NUM_WARPS, True),
+        **{f"project_layer_ bf16 pair, state norm, tiles {t}": (
+            sr._project_kernel, project(1, True, 1, 2, "*bf16", t, norm=True), sr.NUM_WARPS, True)
+           for t in st.PROJECT_TILES},
         "segment partials": (sr._segment_partials_kernel, dict(z_ptr="*fp32", stride_z="i32", bias_ptr="*fp32",
                              cu_ptr="*i64", part_ptr="*fp32", SPLIT=8, GATE=True, BLOCK=1024), 4, False),
         "segment finish": (sr._segment_finish_kernel, dict(part_ptr="*fp32", score_ptr="*fp32", gsum_ptr="*fp32",

@@ -28,8 +28,12 @@ def cpu_backend(request):
     st.set_cpu_backend(prev)
 
 
-def _hand_state(layers, weight, bias, slots, n_slots):
-    """Float64 state by explicit loops over tokens, layers and features (SWIFT Eq. 2-4)."""
+def _hand_state(layers, weight, bias, slots, n_slots, norm=None):
+    """Float64 state by explicit loops over tokens, layers and features (SWIFT Eq. 2-4).
+
+    ``norm = (eps, gains)``: each state is first normalised explicitly, ``gains[l] * x /
+    sqrt(mean(x^2) + eps)`` (the model's RMSNorm), and ``weight`` is the *unfolded* head weight.
+    """
     rows = weight.shape[0]
     t_count, d = layers[0][0].shape
     state = [[0.0, 0.0, 0.0] for _ in range(n_slots)]
@@ -42,6 +46,10 @@ def _hand_state(layers, weight, bias, slots, n_slots):
             # the residual stream is the pair's sum in the input dtype, as the engine stores it
             x = h[t] if r is None else (h[t] + r[t])
             x = x.double().tolist()
+            if norm is not None:
+                eps, gains = norm
+                rms = math.sqrt(sum(v * v for v in x) / d + eps)
+                x = [float(gains[li][i]) * x[i] / rms for i in range(d)]
             for j in range(rows):
                 z[j] += sum(x[i] * float(weight[j, li * d + i]) for i in range(d))
         if rows == 2:
@@ -250,6 +258,25 @@ def test_cuda_matches_reference_and_graph_replay(dtype):
     assert acc.abs().sum().item() == 0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t", [1, 37, 9000])
+def test_norm_cuda_matches_reference(dtype, t):
+    # t picks each row of PROJECT_TILES
+    torch.manual_seed(19)
+    d, n_layers, eps = 1000, 3, 1e-6
+    weight = (torch.randn(2, n_layers * d) * 0.05).cuda()
+    scale = torch.exp(torch.empty(t, 1).uniform_(-2.5, 3.0)).cuda()
+    hs = [(torch.randn(t, d, device="cuda") * scale).to(dtype) for _ in range(n_layers)]
+    rs = [(torch.randn(t, d, device="cuda") * scale).to(dtype) for _ in range(n_layers)]
+    acc, ref = torch.zeros(t, 2, device="cuda"), torch.zeros(t, 2, device="cuda")
+    for i in range(n_layers):
+        st.project_layer_(acc, hs[i], rs[i], weight[:, i * d : (i + 1) * d], eps)
+        st.project_layer_reference(ref, hs[i], rs[i], weight[:, i * d : (i + 1) * d], eps)
+    torch.testing.assert_close(acc, ref, rtol=1e-4, atol=1e-4)
+
+
 # Launch settings small enough that every loop runs several tiles plus a tail: d = 37 over
 # BLOCK_D = 8 (four tiles and a tail of 5), 11 tokens over BLOCK_T = 4 (programs and, in
 # ``finish_``, loop tiles 4 + 4 + 3), 6 slots over BLOCK_S = 4 (two slot programs, one partial).
@@ -282,3 +309,155 @@ def test_every_loop_runs_several_tiles(project, finish, rows):
     want = _hand_state(list(zip(hs, rs)), weight, bias, slots, 6)
     torch.testing.assert_close(state.double(), want, rtol=TOL[torch.bfloat16], atol=TOL[torch.bfloat16])
     assert acc.abs().sum() == 0 and state[3].tolist() == [0.0, 0.0, 0.0]
+
+
+# ----------------------------------------------------------------------------------------------
+# state norm: ``project_layer_(..., norm_eps)`` scales each token's partial projection by
+# rsqrt(mean(stream^2) + norm_eps); the head's weight holds the norm's gain folded in
+
+
+def _norm_layers(dtype, t, d, n_layers, paired, seed, strided=True):
+    """States whose rms varies per token and per layer over ~3 decades, residuals on every other
+    layer (``paired``), gains around 1, an unfolded weight and the folded ``g * w``."""
+    g = torch.Generator().manual_seed(seed)
+    hs, rs, gains = [], [], []
+    for i in range(n_layers):
+        scale = torch.exp(torch.empty(t, 1).uniform_(-2.5, 3.0, generator=g))
+        wide = torch.randn(t, 2 * d + 3, generator=g) * scale
+        hs.append((wide[:, 3 : 3 + d] if strided else wide[:, :d].contiguous()).to(dtype))
+        rs.append((torch.randn(t, d, generator=g) * scale.flip(0)).to(dtype) if paired and i % 2 == 0 else None)
+        gains.append(0.5 + torch.rand(d, generator=g))
+    return hs, rs, gains
+
+
+NORM_SHAPES = {"t1-d1": (1, 1), "t2-d5": (2, 5), "t11-d37": (11, 37)}
+
+
+@pytest.mark.parametrize("shape", NORM_SHAPES.values(), ids=NORM_SHAPES.keys())
+@pytest.mark.parametrize("eps", [1e-6, 0.0, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [2, 1])
+@pytest.mark.parametrize("paired", [True, False], ids=["pairs", "plain"])
+def test_norm_reference_matches_hand_float64(paired, rows, dtype, eps, shape):
+    t, d = shape
+    hs, rs, gains = _norm_layers(dtype, t, d, 2, paired, seed=11)
+    g = torch.Generator().manual_seed(12)
+    w = torch.randn(rows, 2 * d, generator=g) * 0.3
+    folded = w * torch.cat(gains)[None, :]
+    bias = torch.randn(rows, generator=g)
+    slots = torch.tensor([2, 0, -1, 2, 1, 5, 2, 2, 0, 3, 1][:t])
+    acc, state = st.new_buffers(12, 4)
+    for i in range(2):
+        st.project_layer_reference(acc, hs[i], rs[i], folded[:, i * d : (i + 1) * d], eps)
+    st.finish_reference(acc, bias, slots, state)
+    want = _hand_state(list(zip(hs, rs)), w, bias, slots, 4, norm=(eps, gains))
+    # float32 arithmetic over float64: the inputs are the stored values, whatever their dtype
+    torch.testing.assert_close(state.double(), want, rtol=1e-5, atol=1e-5)
+    if d > 1:  # the data really exercises the norm
+        plain = _hand_state(list(zip(hs, rs)), folded, bias, slots, 4)
+        assert not torch.allclose(plain[:, 0], want[:, 0], rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("shape", NORM_SHAPES.values(), ids=NORM_SHAPES.keys())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [2, 1])
+@pytest.mark.parametrize("paired", [True, False], ids=["pairs", "plain"])
+def test_norm_ops_match_reference(cpu_backend, paired, rows, dtype, shape):
+    t, d = shape
+    n_layers, eps = 3, 1e-5
+    hs, rs, gains = _norm_layers(dtype, t, d, n_layers, paired, seed=13)
+    g = torch.Generator().manual_seed(14)
+    w = torch.randn(rows, n_layers * d, generator=g) * 0.2
+    folded = w * torch.cat(gains)[None, :]
+    bias = torch.randn(rows, generator=g)
+    slots = torch.tensor([4, 4, 4, -1, 0, 1, 1, 4, 9, -1, 2][:t], dtype=torch.int32)
+    ref_acc, ref_state = st.new_buffers(16, 6)
+    ref_state += torch.arange(18.0).view(6, 3)  # earlier steps already accumulated
+    acc, state = ref_acc.clone(), ref_state.clone()
+    for i in range(n_layers):
+        w_l = folded[:, i * d : (i + 1) * d]
+        st.project_layer_reference(ref_acc, hs[i], rs[i], w_l, eps)
+        st.project_layer_(acc, hs[i], rs[i], w_l, eps)
+    torch.testing.assert_close(acc, ref_acc, rtol=1e-5, atol=1e-4)
+    st.finish_reference(ref_acc, bias, slots, ref_state)
+    st.finish_(acc, bias, slots, state)
+    torch.testing.assert_close(state, ref_state, rtol=1e-5, atol=1e-4)
+    want = _hand_state(list(zip(hs, rs)), w, bias, slots, 6, norm=(eps, gains)) + torch.arange(18.0).view(6, 3).double()
+    torch.testing.assert_close(state.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_norm_native_takes_what_it_fits(cpu_backend):
+    # a residual of another dtype does not fit the native kernel: the reference takes it, with the norm
+    hs, _, _ = _norm_layers(torch.bfloat16, 5, 9, 1, False, seed=15)
+    r = torch.randn(5, 9, dtype=torch.float32)
+    w = torch.randn(2, 9)
+    acc, ref = torch.zeros(8, 2), torch.zeros(8, 2)
+    st.project_layer_(acc, hs[0], r, w, 0.25)
+    st.project_layer_reference(ref, hs[0], r, w, 0.25)
+    torch.testing.assert_close(acc, ref, rtol=1e-5, atol=1e-5)
+    x = (hs[0] + r).double()
+    want = (x @ w.double().T) / torch.sqrt(x.square().mean(-1, keepdim=True) + 0.25)
+    torch.testing.assert_close(acc[:5].double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_norm_eps_is_checked():
+    acc, _ = st.new_buffers(4, 2)
+    for bad in (-1e-3, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="norm_eps must be None or a finite float >= 0"):
+            st.project_layer_(acc, torch.randn(2, 3), None, torch.randn(2, 3), bad)
+
+
+@pytest.mark.skipif(not (HAVE_TRITON and interpreting()), reason="needs the Triton interpreter")
+@pytest.mark.parametrize("project", STREAM_TILINGS.values(), ids=STREAM_TILINGS.keys())
+def test_norm_every_loop_runs_several_tiles(project):
+    t, d, n_layers, eps = 11, 37, 2, 1e-6
+    hs, rs, gains = _norm_layers(torch.bfloat16, t, d, n_layers, True, seed=16)
+    g = torch.Generator().manual_seed(17)
+    w = torch.randn(2, n_layers * d, generator=g) * 0.2
+    folded = w * torch.cat(gains)[None, :]
+    bias = torch.randn(2, generator=g)
+    slots = torch.tensor([4, 4, 4, -1, 0, 1, 1, 4, 9, -1, 5], dtype=torch.int32)
+    acc, state = st.new_buffers(16, 6)
+    for i in range(n_layers):
+        st.project_layer_triton(acc, hs[i], rs[i], folded[:, i * d : (i + 1) * d], eps, **project)
+    st.finish_triton(acc, bias, slots, state)
+    want = _hand_state(list(zip(hs, rs)), w, bias, slots, 6, norm=(eps, gains))
+    torch.testing.assert_close(state.double(), want, rtol=1e-5, atol=1e-4)
+
+
+class _NormScorer(_Scorer):
+    """``_Scorer`` with a state norm: ``norm_eps`` a plain float attribute, as the vLLM hooks keep it."""
+
+    def __init__(self, *args, norm_eps):
+        super().__init__(*args)
+        self.norm_eps = norm_eps
+
+    def forward(self, x, slots):
+        residual = x
+        for i in range(self.n_layers):
+            hidden = torch.tanh(self.mix(x)) * (i + 1) ** 3  # the layers' rms differ
+            st.project_layer_(self.acc, hidden, residual, self.weight[:, i * self.d : (i + 1) * self.d], self.norm_eps)
+            x = hidden + residual
+            residual = x
+        st.finish_(self.acc, self.bias, slots, self.state)
+        return x
+
+
+def test_norm_custom_op_under_torch_compile_cpu(cpu_backend):
+    if cpu_backend == "triton":
+        pytest.skip("compiled graph is backend-independent; one CPU backend is enough")
+    torch.manual_seed(18)
+    d, n_layers = 16, 3
+    weight, bias = torch.randn(2, n_layers * d) * 0.3, torch.randn(2)
+    steps = [(torch.randn(5, d), torch.tensor([0, 0, 1, -1, 2])) for _ in range(3)]
+    eager = _NormScorer(weight, bias, n_layers, d, 8, 4, norm_eps=1e-5)
+    compiled = _NormScorer(weight, bias, n_layers, d, 8, 4, norm_eps=1e-5)
+    compiled.load_state_dict(eager.state_dict())
+    plain = _NormScorer(weight, bias, n_layers, d, 8, 4, norm_eps=None)
+    plain.load_state_dict(eager.state_dict())
+    want = _steps(eager, steps)
+    got = _steps(torch.compile(compiled, fullgraph=True), steps)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert compiled.acc.abs().sum() == 0
+    # the eps reached the compiled op: without the norm the sums differ
+    assert not torch.allclose(_steps(plain, steps)[:, 0], want[:, 0], rtol=0.05, atol=0.05)

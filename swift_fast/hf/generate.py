@@ -108,7 +108,7 @@ class GenerationScorer:
         self.projection = projection
         self.indices = state_indices(head.layers, head.feature, self.parts.num_layers)
         dev = self.parts.device
-        self._projector = Projector(head.weight, head.hidden_size, dev)
+        self._projector = Projector(head.weight, head.hidden_size, dev, head.norm_eps)
         self._bias = head.bias.detach().to(dev, torch.float32)
         # the state produced last in a forward: its hook closes the step ("step" projection)
         self._last_slot = max(range(len(self.indices)), key=lambda i: self.indices[i])

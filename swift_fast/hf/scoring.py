@@ -48,7 +48,8 @@ def swift_scores(
 
     Args:
         model: a Llama/Qwen2/Qwen3/Mistral ``...ForCausalLM`` (any dtype, any device).
-        head: the SWIFT head; its ``layers``, ``alignment`` and ``feature`` decide what is read.
+        head: the SWIFT head; its ``layers``, ``alignment`` and ``feature`` decide what is read,
+            its ``norm_eps`` (state norm) how each state is scaled.
         sequences: ``B`` full token-id lists (prompt + response, end-of-turn token included when
             it was generated); lists, tuples or 1-D tensors.
         prompt_lengths: ``B`` ints, where each response starts.
@@ -62,7 +63,7 @@ def swift_scores(
     plens = check_spans(seqs, prompt_lengths, head.alignment, parts.vocab_size)
     indices = state_indices(head.layers, head.feature, parts.num_layers)
     device = parts.device
-    projector = Projector(head.weight, head.hidden_size, device)
+    projector = Projector(head.weight, head.hidden_size, device, head.norm_eps)
     bias = head.bias.detach().to(device, torch.float32)
     out = torch.zeros(len(seqs), dtype=torch.float32)
     batches = length_batches([len(s) for s in seqs], batch_size)

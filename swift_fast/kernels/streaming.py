@@ -3,12 +3,15 @@
 Two PyTorch custom ops (``torch.ops.swift_fast.*``), with fake implementations, static shapes and
 no host synchronisation, so that ``torch.compile`` traces them and CUDA graphs capture them:
 
-``project_layer_(acc, hidden, residual, weight_l)``
-    ``acc[:T, :rows] += stream @ weight_l^T`` in float32, where ``stream`` is ``hidden`` or
-    ``hidden + residual`` summed in the input dtype (the residual stream vLLM stores).
+``project_layer_(acc, hidden, residual, weight_l, norm_eps=None)``
+    ``acc[:T, :rows] += s * (stream @ weight_l^T)`` in float32, where ``stream`` is ``hidden`` or
+    ``hidden + residual`` summed in the input dtype (the residual stream vLLM stores), and ``s``
+    is 1 (``norm_eps`` None) or, with a head's state norm, each token's
+    ``rsqrt(mean(stream^2) + norm_eps)`` (float32, from the same read of the state).
     ``acc``: float32 ``[N >= T, 2]`` (mutated); ``hidden``/``residual``: ``[T, d]`` any float
     dtype, any row stride; ``weight_l``: ``[rows, d]`` (rows 2 with gate, 1 without), the head's
-    columns for this layer.
+    columns for this layer (the norm's gain folded in); ``norm_eps``: None or a float >= 0 (a
+    constant to ``torch.compile``).
 
 ``finish_(acc, bias, slots, state)``
     For every token ``t < T = slots.numel()`` whose ``slots[t]`` is in ``[0, S)``:
@@ -39,7 +42,7 @@ from typing import Optional
 import torch
 
 from ._dispatch import HAVE_TRITON, device_guard, native_module, resolve, same_device, tl, triton
-from .swift_reduce import finish_scores, native_fits, project_triton
+from .swift_reduce import check_norm_eps, finish_scores, native_fits, project_triton, rms_scale
 
 __all__ = [
     "project_layer_",
@@ -56,7 +59,9 @@ __all__ = [
 # checks (shared by the real and the fake implementations, so bad shapes fail at trace time)
 
 
-def _check_project(acc: torch.Tensor, hidden: torch.Tensor, residual: Optional[torch.Tensor], weight_l: torch.Tensor):
+def _check_project(acc: torch.Tensor, hidden: torch.Tensor, residual: Optional[torch.Tensor], weight_l: torch.Tensor,
+                   norm_eps: Optional[float] = None):
+    check_norm_eps(norm_eps)
     dev = acc.device  # compared inline: this runs once per layer per step
     if hidden.device != dev or weight_l.device != dev or (residual is not None and residual.device != dev):
         same_device("project_layer_", acc=acc, hidden=hidden, residual=residual, weight_l=weight_l)
@@ -98,11 +103,14 @@ def _check_finish(acc: torch.Tensor, bias: torch.Tensor, slots: torch.Tensor, st
 # references
 
 
-def project_layer_reference(acc, hidden, residual, weight_l) -> None:
+def project_layer_reference(acc, hidden, residual, weight_l, norm_eps: Optional[float] = None) -> None:
     """In-place reference of ``project_layer_`` (see the module docstring)."""
     t, rows = hidden.shape[0], weight_l.shape[0]
-    stream = hidden if residual is None else hidden + residual
-    acc[:t, :rows] += stream.float() @ weight_l.float().T
+    stream = (hidden if residual is None else hidden + residual).float()
+    part = stream @ weight_l.float().T
+    if norm_eps is not None:
+        part = part * rms_scale(stream, norm_eps)
+    acc[:t, :rows] += part
 
 
 def finish_reference(acc, bias, slots, state) -> None:
@@ -194,7 +202,8 @@ def _which(t: torch.Tensor, op: str, dtype=None, paired: bool = False) -> str:
     return _cpu_backend
 
 
-def project_layer_triton(acc, hidden, residual, weight_l, tiles: Optional[tuple] = None) -> None:
+def project_layer_triton(acc, hidden, residual, weight_l, norm_eps: Optional[float] = None,
+                         tiles: Optional[tuple] = None) -> None:
     """The Triton path of ``project_layer_``; ``tiles`` = ``(block_t, block_d)`` overrides the
     choice from ``PROJECT_TILES`` (tests)."""
     w = weight_l if weight_l.dtype == torch.float32 and weight_l.stride(-1) == 1 else weight_l.float().contiguous()
@@ -202,7 +211,7 @@ def project_layer_triton(acc, hidden, residual, weight_l, tiles: Optional[tuple]
     # few tokens (decode): one token a program, so a step still spreads over the SMs, with
     # tiles as wide as the large-T ones (16-byte loads for every thread)
     block_t, block_d = tiles or PROJECT_TILES[0 if t >= 8192 else (1 if t >= 2048 else 2)]
-    project_triton([(hidden, residual)], w, acc, accumulate=True, block_t=block_t, block_d=block_d)
+    project_triton([(hidden, residual)], w, acc, accumulate=True, block_t=block_t, block_d=block_d, norm_eps=norm_eps)
 
 
 def finish_triton(acc, bias, slots, state, block_s: int = FINISH_BLOCK_S, block_t: int = FINISH_BLOCK_T) -> None:
@@ -229,19 +238,22 @@ def finish_triton(acc, bias, slots, state, block_s: int = FINISH_BLOCK_S, block_
 # mutated buffers, so torch.compile functionalizes the calls (auto_functionalize).
 
 _lib = torch.library.Library("swift_fast", "FRAGMENT")
-_lib.define("project_layer_(Tensor(a!) acc, Tensor hidden, Tensor? residual, Tensor weight_l) -> ()")
+_lib.define(
+    "project_layer_(Tensor(a!) acc, Tensor hidden, Tensor? residual, Tensor weight_l, float? norm_eps=None) -> ()"
+)
 _lib.define("finish_(Tensor(a!) acc, Tensor bias, Tensor slots, Tensor(b!) state) -> ()")
 
 
-def _project_layer_impl(acc, hidden, residual, weight_l) -> None:
-    _check_project(acc, hidden, residual, weight_l)
+def _project_layer_impl(acc, hidden, residual, weight_l, norm_eps=None) -> None:
+    _check_project(acc, hidden, residual, weight_l, norm_eps)
     which = _which(acc, "project_layer", hidden.dtype, residual is not None)
     if which == "triton":
-        project_layer_triton(acc, hidden, residual, weight_l)
+        project_layer_triton(acc, hidden, residual, weight_l, norm_eps)
     elif which == "native" and native_fits(hidden, residual):
-        native_module().project_layer(acc, hidden, residual, weight_l)
+        # the C++ side reads a negative eps as "no state norm"
+        native_module().project_layer(acc, hidden, residual, weight_l, -1.0 if norm_eps is None else norm_eps)
     else:
-        project_layer_reference(acc, hidden, residual, weight_l)
+        project_layer_reference(acc, hidden, residual, weight_l, norm_eps)
 
 
 def _finish_impl(acc, bias, slots, state) -> None:
@@ -261,8 +273,8 @@ for _key in ("CPU", "CUDA"):
 
 
 @torch.library.register_fake("swift_fast::project_layer_", lib=_lib)
-def _project_layer_fake(acc, hidden, residual, weight_l) -> None:
-    _check_project(acc, hidden, residual, weight_l)
+def _project_layer_fake(acc, hidden, residual, weight_l, norm_eps=None) -> None:
+    _check_project(acc, hidden, residual, weight_l, norm_eps)
 
 
 @torch.library.register_fake("swift_fast::finish_", lib=_lib)
@@ -271,10 +283,15 @@ def _finish_fake(acc, bias, slots, state) -> None:
 
 
 def project_layer_(
-    acc: torch.Tensor, hidden: torch.Tensor, residual: Optional[torch.Tensor], weight_l: torch.Tensor
+    acc: torch.Tensor,
+    hidden: torch.Tensor,
+    residual: Optional[torch.Tensor],
+    weight_l: torch.Tensor,
+    norm_eps: Optional[float] = None,
 ) -> None:
-    """Add one layer's partial SWIFT projection into ``acc`` in place (see the module docstring)."""
-    torch.ops.swift_fast.project_layer_(acc, hidden, residual, weight_l)
+    """Add one layer's partial SWIFT projection into ``acc`` in place (see the module docstring);
+    ``norm_eps``: the head's state norm (None: none)."""
+    torch.ops.swift_fast.project_layer_(acc, hidden, residual, weight_l, norm_eps)
 
 
 def finish_(acc: torch.Tensor, bias: torch.Tensor, slots: torch.Tensor, state: torch.Tensor) -> None:

@@ -8,13 +8,20 @@ A ``(hidden, residual)`` pair stands for the residual stream ``hidden + residual
 input dtype (what vLLM's fused add-RMSNorm and Hugging Face's decoder layers store), then
 projected in float32.
 
+State norm (``norm_eps``, a head's ``state_norm``): with ``norm_eps`` not None each layer's partial
+projection is scaled by that token's ``rsqrt(mean_d(h^2) + norm_eps)`` for that layer before it is
+added across layers: ``z_t = sum_l (W_l h^l_t) / rms(h^l_t) + b``, which is ``W'_l RMSNorm(h^l_t)``
+for a weight ``W_l = g * W'_l`` with the norm's gain ``g`` folded in. ``h^2`` is summed in float32
+from the state as stored (the rounded pair sum), in the same read as the dot products.
+
 NaN policy: a NaN (or inf making NaN) in a scored token's state makes that segment's three
 outputs NaN; other segments are unaffected, and tokens outside ``[cu[0], cu[-1])`` are never read.
 
 Triton path (CUDA, or the interpreter):
   1. ``_project_kernel``: per block of tokens, loop over up to 4 layers and over ``d`` (tiles
-     pipelined through shared memory), accumulate the 1-2 dot products in float32 and write (or
-     add to) ``z[T, rows]``. Each layer is read exactly once; ``z`` costs 16 bytes a token per
+     pipelined through shared memory), accumulate the 1-2 dot products in float32 (and, with the
+     state norm, the sum of squares beside them, scaling each layer's dots at its end) and write
+     (or add to) ``z[T, rows]``. Each layer is read exactly once; ``z`` costs 16 bytes a token per
      launch. Layers keep their own row stride.
   2. ``_segment_partials_kernel``: grid ``(B, SPLIT)``; program ``(b, s)`` sums ``g`` and ``g r``
      over the ``s``-th slice of segment ``b`` in a fixed order (varlen via ``cu_seqlens``,
@@ -25,6 +32,7 @@ No float atomics anywhere: outputs are bit-identical run to run.
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -56,16 +64,36 @@ def _stream(layer: Layer) -> torch.Tensor:
     return (hidden + residual).float()
 
 
-def project_reference(layers: Sequence[Layer], weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``z = sum_l h_l @ W_l^T + b`` without concatenating the layers.
+def check_norm_eps(norm_eps: Optional[float]) -> None:
+    """``norm_eps`` is None or a finite float >= 0 (``ValueError`` otherwise)."""
+    if norm_eps is not None and not (math.isfinite(norm_eps) and norm_eps >= 0):
+        raise ValueError(f"norm_eps must be None or a finite float >= 0, got {norm_eps!r}")
+
+
+def rms_scale(stream: torch.Tensor, norm_eps: float) -> torch.Tensor:
+    """``rsqrt(mean(h^2) + norm_eps)`` per row of a float32 ``[T, d]`` state: ``[T, 1]`` float32.
+
+    NOTE: ``norm_eps = 0`` and an all-zero row give ``inf`` (and ``0 * inf = NaN`` downstream),
+    exactly what the RMSNorm itself computes for that row.
+    """
+    return torch.rsqrt(stream.square().mean(-1, keepdim=True) + norm_eps)
+
+
+def project_reference(
+    layers: Sequence[Layer], weight: torch.Tensor, bias: torch.Tensor, norm_eps: Optional[float] = None
+) -> torch.Tensor:
+    """``z = sum_l s_l * (h_l @ W_l^T) + b`` without concatenating the layers.
 
     Args:
         layers: ``k`` tensors ``[T, d]`` (any float dtype) or ``(hidden, residual)`` pairs.
         weight: ``[rows, k*d]`` (rows 2 with gate, 1 without).
         bias: ``[rows]``.
+        norm_eps: ``None``: ``s_l = 1``; else ``s_l = rsqrt(mean(h_l^2) + norm_eps)`` per token
+            (the state norm, see the module docstring).
     Returns:
         ``[T, rows]`` float32.
     """
+    check_norm_eps(norm_eps)
     k = len(layers)
     if k == 0:
         raise ValueError("swift projection needs at least one layer")
@@ -79,6 +107,8 @@ def project_reference(layers: Sequence[Layer], weight: torch.Tensor, bias: torch
         if h.shape[-1] != d:
             raise ValueError(f"layer {i} has width {h.shape[-1]}, the head expects {d}")
         part = h @ w[:, i * d : (i + 1) * d].T
+        if norm_eps is not None:
+            part = part * rms_scale(h, norm_eps)
         z = part if z is None else z + part
     return z + bias.float()
 
@@ -113,6 +143,7 @@ def swift_reduce_reference(
     weight: torch.Tensor,
     bias: torch.Tensor,
     cu_seqlens: torch.Tensor,
+    norm_eps: Optional[float] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Reference SWIFT reduction.
 
@@ -121,11 +152,13 @@ def swift_reduce_reference(
         weight: ``[2, k*d]`` (gate) or ``[1, k*d]`` (no gate), any float dtype.
         bias: ``[2]`` or ``[1]``.
         cu_seqlens: int ``[B+1]``, segment ``b`` is tokens ``cu[b]:cu[b+1]``.
+        norm_eps: ``None``, or the state norm's epsilon (each layer's partial projection scaled
+            by the token's ``rsqrt(mean(h^2) + norm_eps)`` for that layer).
     Returns:
         ``(score[B], gate_sum[B], weighted_sum[B])`` float32; without gate ``gate_sum`` counts tokens.
     """
     gate = weight.shape[0] == 2
-    z = project_reference(layers, weight, bias)
+    z = project_reference(layers, weight, bias, norm_eps)
     g, r = gate_and_reward(z, gate)
     gsum = segment_sums(g, cu_seqlens)
     wsum = segment_sums(g * r, cu_seqlens)
@@ -145,8 +178,10 @@ def _check_devices(pairs, weight: torch.Tensor, bias: torch.Tensor) -> None:
     same_device("swift_reduce", **tensors)
 
 
-def check_inputs(layers: Sequence[Layer], weight: torch.Tensor, bias: torch.Tensor, cu_seqlens: torch.Tensor):
-    """Validate shapes; returns ``(pairs, T, d, rows)``."""
+def check_inputs(layers: Sequence[Layer], weight: torch.Tensor, bias: torch.Tensor, cu_seqlens: torch.Tensor,
+                 norm_eps: Optional[float] = None):
+    """Validate shapes and ``norm_eps``; returns ``(pairs, T, d, rows)``."""
+    check_norm_eps(norm_eps)
     if len(layers) == 0:
         raise ValueError("swift_reduce needs at least one layer")
     if weight.dim() != 2 or weight.shape[0] not in (1, 2):
@@ -194,9 +229,19 @@ if HAVE_TRITON:
     from ._tl import round_to
 
     @triton.jit
-    def _layer_dot(acc0, acc1, h_ptr, r_ptr, stride_h, stride_r, w_ptr, stride_w, rows64, mask_t, D,
-                   HAS_RES: tl.constexpr, ROUND: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-                   NUM_STAGES: tl.constexpr):
+    def _layer_dot(acc0, acc1, h_ptr, r_ptr, stride_h, stride_r, w_ptr, stride_w, rows64, mask_t, D, norm_eps,
+                   HAS_RES: tl.constexpr, ROUND: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
+                   BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr):
+        if NORM:
+            # this layer's dots are scaled by its own rms: they need accumulators of their own
+            p0 = tl.zeros_like(acc0)
+            p1 = tl.zeros_like(acc1)
+            ss = tl.zeros_like(acc0)
+        else:
+            # NOTE: without the norm the dots add straight into the running sums, in exactly the
+            # order heads without a state norm always had (their results stay bit-identical)
+            p0 = acc0
+            p1 = acc1
         # NOTE: tl.range with num_stages > 1 streams the tiles through shared memory (cp.async),
         # keeping several tiles in flight per program: this kernel is pure bandwidth.
         for d0 in tl.range(0, D, BLOCK_D, num_stages=NUM_STAGES):
@@ -210,20 +255,32 @@ if HAVE_TRITON:
                 h = round_to(h + r, ROUND)
             # per-tile sums keep the accumulators at BLOCK_T values (registers -> occupancy)
             w0 = tl.load(w_ptr + cols, mask=mask_d, other=0.0)
-            acc0 += tl.sum(h * w0[None, :], axis=1)
+            p0 += tl.sum(h * w0[None, :], axis=1)
             if ROWS == 2:
                 w1 = tl.load(w_ptr + stride_w + cols, mask=mask_d, other=0.0)
-                acc1 += tl.sum(h * w1[None, :], axis=1)
+                p1 += tl.sum(h * w1[None, :], axis=1)
+            if NORM:
+                ss += tl.sum(h * h, axis=1)  # masked columns loaded as 0 add nothing
+        if NORM:
+            # NOTE: masked rows (t >= T) have ss = 0: with norm_eps = 0 their scale is inf and
+            # their dots NaN, never stored
+            scale = tl.rsqrt(ss / D + norm_eps)
+            acc0 += p0 * scale
+            acc1 += p1 * scale
+        else:
+            acc0 = p0
+            acc1 = p1
         return acc0, acc1
 
     # NOTE: T changes every step (decode batches, prefill chunks): not specialised, so a new
     # batch size never triggers a recompile (vLLM's own per-step kernels do the same).
     @triton.jit(do_not_specialize=["T"])
     def _project_kernel(
-        z_ptr, stride_z, w_ptr, stride_w, T, D,
+        z_ptr, stride_z, w_ptr, stride_w, T, D, norm_eps,
         h0, r0, sh0, sr0, h1, r1, sh1, sr1, h2, r2, sh2, sr2, h3, r3, sh3, sr3,
         NUM_LAYERS: tl.constexpr, HAS_RES: tl.constexpr, ROUND: tl.constexpr, ROWS: tl.constexpr,
-        ACCUMULATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NUM_STAGES: tl.constexpr,
+        NORM: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+        NUM_STAGES: tl.constexpr,
     ):
         pid = tl.program_id(0)
         rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -231,17 +288,17 @@ if HAVE_TRITON:
         rows64 = rows.to(tl.int64)  # NOTE: T * stride overflows int32 at a few million tokens
         z0 = tl.zeros([BLOCK_T], dtype=tl.float32)
         z1 = tl.zeros([BLOCK_T], dtype=tl.float32)
-        z0, z1 = _layer_dot(z0, z1, h0, r0, sh0, sr0, w_ptr, stride_w, rows64, mask_t, D,
-                            HAS_RES, ROUND, ROWS, BLOCK_D, NUM_STAGES)
+        z0, z1 = _layer_dot(z0, z1, h0, r0, sh0, sr0, w_ptr, stride_w, rows64, mask_t, D, norm_eps,
+                            HAS_RES, ROUND, ROWS, NORM, BLOCK_D, NUM_STAGES)
         if NUM_LAYERS > 1:
-            z0, z1 = _layer_dot(z0, z1, h1, r1, sh1, sr1, w_ptr + D, stride_w, rows64, mask_t, D,
-                                HAS_RES, ROUND, ROWS, BLOCK_D, NUM_STAGES)
+            z0, z1 = _layer_dot(z0, z1, h1, r1, sh1, sr1, w_ptr + D, stride_w, rows64, mask_t, D, norm_eps,
+                                HAS_RES, ROUND, ROWS, NORM, BLOCK_D, NUM_STAGES)
         if NUM_LAYERS > 2:
-            z0, z1 = _layer_dot(z0, z1, h2, r2, sh2, sr2, w_ptr + 2 * D, stride_w, rows64, mask_t, D,
-                                HAS_RES, ROUND, ROWS, BLOCK_D, NUM_STAGES)
+            z0, z1 = _layer_dot(z0, z1, h2, r2, sh2, sr2, w_ptr + 2 * D, stride_w, rows64, mask_t, D, norm_eps,
+                                HAS_RES, ROUND, ROWS, NORM, BLOCK_D, NUM_STAGES)
         if NUM_LAYERS > 3:
-            z0, z1 = _layer_dot(z0, z1, h3, r3, sh3, sr3, w_ptr + 3 * D, stride_w, rows64, mask_t, D,
-                                HAS_RES, ROUND, ROWS, BLOCK_D, NUM_STAGES)
+            z0, z1 = _layer_dot(z0, z1, h3, r3, sh3, sr3, w_ptr + 3 * D, stride_w, rows64, mask_t, D, norm_eps,
+                                HAS_RES, ROUND, ROWS, NORM, BLOCK_D, NUM_STAGES)
         if ACCUMULATE:
             z0 += tl.load(z_ptr + rows64 * stride_z, mask=mask_t, other=0.0)
         tl.store(z_ptr + rows64 * stride_z, z0, mask=mask_t)
@@ -309,14 +366,17 @@ def project_triton(
     block_d: int = BLOCK_D,
     num_warps: int = NUM_WARPS,
     num_stages: int = NUM_STAGES,
+    norm_eps: Optional[float] = None,
 ) -> None:
-    """``z[:T, :rows] (+)= sum_l stream_l @ W_l^T`` with the Triton kernel, in place.
+    """``z[:T, :rows] (+)= sum_l s_l * (stream_l @ W_l^T)`` with the Triton kernel, in place.
 
     Args:
         pairs: ``(hidden[T, d], residual[T, d] or None)`` per layer; any row stride.
         weight: ``[rows, k*d]`` float32, contiguous.
         z: float32 ``[N >= T, >= rows]`` with unit column stride.
         accumulate: add to ``z`` (else the first launch overwrites it).
+        norm_eps: ``None`` (``s_l = 1``) or the state norm's epsilon
+            (``s_l = rsqrt(mean(stream_l^2) + norm_eps)`` per token).
     """
     t = pairs[0][0].shape[0]
     d = pairs[0][0].shape[1]
@@ -349,9 +409,10 @@ def project_triton(
             rdt = torch.promote_types(h.dtype, r.dtype) if has_res else h.dtype
             _project_kernel[grid](
                 z_ptr=z, stride_z=z.stride(0), w_ptr=weight[:, i * d :], stride_w=weight.stride(0), T=t, D=d,
-                **layer_args,
+                norm_eps=0.0 if norm_eps is None else float(norm_eps), **layer_args,
                 NUM_LAYERS=len(group), HAS_RES=has_res, ROUND=round_code(rdt), ROWS=rows,
-                ACCUMULATE=accumulate or not first, BLOCK_T=block_t, BLOCK_D=block_d, NUM_STAGES=num_stages,
+                NORM=norm_eps is not None, ACCUMULATE=accumulate or not first, BLOCK_T=block_t, BLOCK_D=block_d,
+                NUM_STAGES=num_stages,
                 num_warps=num_warps,
             )
             first = False
@@ -392,32 +453,38 @@ def segment_reduce_triton(z: torch.Tensor, bias: torch.Tensor, cu_seqlens: torch
 
 
 def swift_reduce_triton(layers, weight, bias, cu_seqlens, split=None, block=SEGMENT_BLOCK,
-                        block_b=SEGMENT_BLOCK_B, **project_config):
+                        block_b=SEGMENT_BLOCK_B, norm_eps=None, **project_config):
     """The Triton path of :func:`swift_reduce`; ``project_config`` goes to :func:`project_triton`,
     the rest to :func:`segment_reduce_triton`."""
-    pairs, t, d, rows = check_inputs(layers, weight, bias, cu_seqlens)
+    pairs, t, d, rows = check_inputs(layers, weight, bias, cu_seqlens, norm_eps)
     w = weight.detach().to(torch.float32).contiguous()
     bvec = bias.detach().to(device=w.device, dtype=torch.float32).contiguous()
     # the first launch writes z, the next ones add to it
     z = torch.empty(t, rows, dtype=torch.float32, device=w.device) if t else torch.zeros(1, rows, device=w.device)
-    project_triton(pairs, w, z, accumulate=False, **project_config)
+    project_triton(pairs, w, z, accumulate=False, norm_eps=norm_eps, **project_config)
     return segment_reduce_triton(z, bvec, cu_seqlens, rows == 2, split=split, block=block, block_b=block_b)
 
 
+#: dtypes the native kernels read (others, float64 included, take the torch reference)
+NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def native_fits(hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
-    """The native kernels take unit column stride and a residual of the hidden dtype."""
-    return hidden.stride(-1) == 1 and (
+    """The native kernels take float32/bf16/fp16 with unit column stride and a residual of the hidden dtype."""
+    return hidden.dtype in NATIVE_DTYPES and hidden.stride(-1) == 1 and (
         residual is None or (residual.dtype == hidden.dtype and residual.stride(-1) == 1)
     )
 
 
-def swift_reduce_native(layers, weight, bias, cu_seqlens):
-    pairs, t, d, rows = check_inputs(layers, weight, bias, cu_seqlens)
+def swift_reduce_native(layers, weight, bias, cu_seqlens, norm_eps=None):
+    """The native CPU path of :func:`swift_reduce` (the reference where the layouts do not fit)."""
+    pairs, t, d, rows = check_inputs(layers, weight, bias, cu_seqlens, norm_eps)
     if not all(native_fits(h, r) for h, r in pairs):
-        return swift_reduce_reference(layers, weight, bias, cu_seqlens)
+        return swift_reduce_reference(layers, weight, bias, cu_seqlens, norm_eps)
     out = native_module().swift_reduce(
         [p[0] for p in pairs], [p[1] for p in pairs], weight.detach().float().contiguous(),
         bias.detach().float().contiguous(), cu_seqlens.long().contiguous(),
+        -1.0 if norm_eps is None else float(norm_eps),  # the C++ side reads a negative eps as "no norm"
     )
     return tuple(out)
 
@@ -428,8 +495,10 @@ def swift_reduce(
     bias: torch.Tensor,
     cu_seqlens: torch.Tensor,
     backend: str = "auto",
+    norm_eps: Optional[float] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """SWIFT reduction; see :func:`swift_reduce_reference` for shapes and dtypes.
+    """SWIFT reduction; see :func:`swift_reduce_reference` for shapes, dtypes and ``norm_eps``
+    (a head's state norm: each layer's partial projection scaled by its rsqrt(mean(h^2) + eps)).
 
     ``backend``: see :mod:`swift_fast.kernels._dispatch`. The Triton path reads each layer
     once, never concatenates, and is deterministic (no float atomics).
@@ -441,8 +510,8 @@ def swift_reduce(
     paired = any(r is not None for _, r in pairs)
     which = resolve(backend, first.device, "swift_reduce", first.dtype, paired)
     if which == "triton":
-        return swift_reduce_triton(layers, weight, bias, cu_seqlens)
+        return swift_reduce_triton(layers, weight, bias, cu_seqlens, norm_eps=norm_eps)
     if which == "native":
-        return swift_reduce_native(layers, weight, bias, cu_seqlens)
+        return swift_reduce_native(layers, weight, bias, cu_seqlens, norm_eps)
     _check_devices(pairs, weight, bias)  # the fast paths check in check_inputs
-    return swift_reduce_reference(layers, weight, bias, cu_seqlens)
+    return swift_reduce_reference(layers, weight, bias, cu_seqlens, norm_eps)

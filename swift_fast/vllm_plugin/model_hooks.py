@@ -18,7 +18,9 @@ place in the next layer. All partial projections add into one float32 accumulato
 (N = the engine's ``max_num_batched_tokens``) and each layer's weight columns ``W_l[rows, d]``;
 both are registered as (non-persistent) buffers on the hooked modules, which is how state that
 compiled code mutates reaches vLLM's ``torch.compile`` graph (a global tensor does not). The
-addresses never change, so a captured CUDA graph replays into the same buffers.
+addresses never change, so a captured CUDA graph replays into the same buffers. A head's state
+norm (``norm_eps``) is a plain float attribute of each hooked module, passed to every
+``project_layer_`` call: ``torch.compile`` reads it as a constant of the graph.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ from ..head import HeadError, SwiftHead
 ACC = "_swift_fast_acc"
 W_IN = "_swift_fast_w_in"
 W_OUT = "_swift_fast_w_out"
+#: the head's ``norm_eps`` (None or a float), a plain attribute: not a tensor, so not a buffer
+NORM_EPS = "_swift_fast_norm_eps"
 
 
-def _project(acc: torch.Tensor, hidden: torch.Tensor, residual, weight: torch.Tensor) -> None:
-    torch.ops.swift_fast.project_layer_(acc, hidden, residual, weight)
+def _project(acc: torch.Tensor, hidden: torch.Tensor, residual, weight: torch.Tensor, norm_eps) -> None:
+    torch.ops.swift_fast.project_layer_(acc, hidden, residual, weight, norm_eps)
 
 
 class _ScoredLayer:
@@ -46,12 +50,13 @@ class _ScoredLayer:
 
     def forward(self, positions, hidden_states, residual, *args, **kwargs):
         w_in = getattr(self, W_IN)
+        eps = getattr(self, NORM_EPS)
         if w_in is not None:
-            _project(getattr(self, ACC), hidden_states, residual, w_in)
+            _project(getattr(self, ACC), hidden_states, residual, w_in, eps)
         out = super().forward(positions, hidden_states, residual, *args, **kwargs)
         w_out = getattr(self, W_OUT)
         if w_out is not None:
-            _project(getattr(self, ACC), out[0], out[1], w_out)
+            _project(getattr(self, ACC), out[0], out[1], w_out, eps)
         return out
 
 
@@ -61,7 +66,7 @@ class _ScoredNorm:
     def forward(self, *args, **kwargs):
         out = super().forward(*args, **kwargs)
         first = out[0] if isinstance(out, tuple) else out
-        _project(getattr(self, ACC), first, None, getattr(self, W_OUT))
+        _project(getattr(self, ACC), first, None, getattr(self, W_OUT), getattr(self, NORM_EPS))
         return out
 
 
@@ -157,10 +162,12 @@ def install(
         _set_buffer(layer, ACC, acc)
         _set_buffer(layer, W_IN, w_in.get(idx))
         _set_buffer(layer, W_OUT, w_out.get(idx))
+        setattr(layer, NORM_EPS, head.norm_eps)
         fs.modules.append(layer)
     if w_norm is not None:
         _swap_class(parts.norm, _ScoredNorm)
         _set_buffer(parts.norm, ACC, acc)
         _set_buffer(parts.norm, W_OUT, w_norm)
+        setattr(parts.norm, NORM_EPS, head.norm_eps)
         fs.modules.append(parts.norm)
     return fs

@@ -110,31 +110,51 @@ inline float exp_nonpositive(float x) {
   return x < -87.3f ? 0.0f : y * scale;
 }
 
-// ---- SWIFT projection: z[t] (+)= sum_d stream[t, d] * w[j, d] ----
+// ---- SWIFT projection: z[t] (+)= scale[t] * sum_d stream[t, d] * w[j, d] ----
+//
+// scale[t] = 1 without the state norm; with it (NORM), 1 / sqrt(mean_d stream[t, d]^2 + eps),
+// the sum of squares taken in the same read of the row as the dot products.
 
-template <class E, bool HAS_RES, int ROWS>
+template <class E, bool HAS_RES, int ROWS, bool NORM>
 SWIFT_CLONES void project_rows(const typename E::T* h, const typename E::T* r, int64_t sh, int64_t sr,
                                const float* w0, const float* w1, int64_t d, int64_t t0, int64_t t1,
-                               float* z, int64_t sz) {
+                               float eps, float* z, int64_t sz) {
   for (int64_t t = t0; t < t1; ++t) {
     const typename E::T* hr = h + t * sh;
     const typename E::T* rr = HAS_RES ? r + t * sr : nullptr;
     float a0 = 0.0f, a1 = 0.0f;
+    if (NORM) {
+      float ss = 0.0f;
+#pragma omp simd reduction(+ : a0, a1, ss)
+      for (int64_t i = 0; i < d; ++i) {
+        float x = E::load(hr, i);
+        if (HAS_RES) x = E::round(x + E::load(rr, i));
+        a0 += x * w0[i];
+        if (ROWS == 2) a1 += x * w1[i];
+        ss += x * x;
+      }
+      // NOTE: eps = 0 and an all-zero row give 0 * inf = NaN, as the RMSNorm itself would
+      const float s = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
+      a0 *= s;
+      a1 *= s;
+    } else {
+      // the loop of heads without state norm, kept apart so its sums stay exactly as before
 #pragma omp simd reduction(+ : a0, a1)
-    for (int64_t i = 0; i < d; ++i) {
-      float x = E::load(hr, i);
-      if (HAS_RES) x = E::round(x + E::load(rr, i));
-      a0 += x * w0[i];
-      if (ROWS == 2) a1 += x * w1[i];
+      for (int64_t i = 0; i < d; ++i) {
+        float x = E::load(hr, i);
+        if (HAS_RES) x = E::round(x + E::load(rr, i));
+        a0 += x * w0[i];
+        if (ROWS == 2) a1 += x * w1[i];
+      }
     }
     z[t * sz] += a0;
     if (ROWS == 2) z[t * sz + 1] += a1;
   }
 }
 
-template <class E>
+template <class E, bool NORM>
 void project_layer_typed(const at::Tensor& h, const c10::optional<at::Tensor>& r, const float* w, int64_t sw,
-                         int rows, at::Tensor& z) {
+                         int rows, float eps, at::Tensor& z) {
   const int64_t t = h.size(0), d = h.size(1);
   const auto* hp = reinterpret_cast<const typename E::T*>(h.data_ptr());
   const bool has_res = r.has_value();
@@ -144,11 +164,18 @@ void project_layer_typed(const at::Tensor& h, const c10::optional<at::Tensor>& r
   const float* w1 = rows == 2 ? w + sw : w;
   // rows are independent: any split over threads gives the same bits
   at::parallel_for(0, t, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)), [&](int64_t a, int64_t b) {
-    if (has_res && rows == 2) project_rows<E, true, 2>(hp, rp, sh, sr, w, w1, d, a, b, zp, sz);
-    else if (has_res) project_rows<E, true, 1>(hp, rp, sh, sr, w, w1, d, a, b, zp, sz);
-    else if (rows == 2) project_rows<E, false, 2>(hp, rp, sh, sr, w, w1, d, a, b, zp, sz);
-    else project_rows<E, false, 1>(hp, rp, sh, sr, w, w1, d, a, b, zp, sz);
+    if (has_res && rows == 2) project_rows<E, true, 2, NORM>(hp, rp, sh, sr, w, w1, d, a, b, eps, zp, sz);
+    else if (has_res) project_rows<E, true, 1, NORM>(hp, rp, sh, sr, w, w1, d, a, b, eps, zp, sz);
+    else if (rows == 2) project_rows<E, false, 2, NORM>(hp, rp, sh, sr, w, w1, d, a, b, eps, zp, sz);
+    else project_rows<E, false, 1, NORM>(hp, rp, sh, sr, w, w1, d, a, b, eps, zp, sz);
   });
+}
+
+template <class E>
+void project_layer_eps(const at::Tensor& h, const c10::optional<at::Tensor>& r, const float* w, int64_t sw,
+                       int rows, double norm_eps, at::Tensor& z) {
+  if (norm_eps < 0) project_layer_typed<E, false>(h, r, w, sw, rows, 0.0f, z);
+  else project_layer_typed<E, true>(h, r, w, sw, rows, static_cast<float>(norm_eps), z);
 }
 
 void check_rows(const at::Tensor& x, const char* what) {
@@ -156,8 +183,10 @@ void check_rows(const at::Tensor& x, const char* what) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, what, " must be 2-D with unit column stride");
 }
 
+// norm_eps < 0: no state norm (heads without one); else each row's partial is scaled by
+// 1 / sqrt(mean(stream^2) + norm_eps)
 void project_layer_into(at::Tensor& z, const at::Tensor& h, const c10::optional<at::Tensor>& r,
-                        const at::Tensor& w, int64_t col0) {
+                        const at::Tensor& w, int64_t col0, double norm_eps) {
   check_rows(h, "hidden");
   if (r.has_value()) {
     check_rows(*r, "residual");
@@ -167,19 +196,19 @@ void project_layer_into(at::Tensor& z, const at::Tensor& h, const c10::optional<
   const int rows = static_cast<int>(w.size(0));
   const float* wp = w.data_ptr<float>() + col0;
   switch (h.scalar_type()) {
-    case at::kFloat: project_layer_typed<F32>(h, r, wp, w.stride(0), rows, z); break;
-    case at::kBFloat16: project_layer_typed<BF16>(h, r, wp, w.stride(0), rows, z); break;
-    case at::kHalf: project_layer_typed<F16>(h, r, wp, w.stride(0), rows, z); break;
+    case at::kFloat: project_layer_eps<F32>(h, r, wp, w.stride(0), rows, norm_eps, z); break;
+    case at::kBFloat16: project_layer_eps<BF16>(h, r, wp, w.stride(0), rows, norm_eps, z); break;
+    case at::kHalf: project_layer_eps<F16>(h, r, wp, w.stride(0), rows, norm_eps, z); break;
     default: TORCH_CHECK(false, "hidden states must be float32, bfloat16 or float16, got ", h.scalar_type());
   }
 }
 
-// project_layer_(acc, hidden, residual, weight_l): acc[:T, :rows] += stream @ weight_l^T
+// project_layer_(acc, hidden, residual, weight_l, norm_eps): acc[:T, :rows] += scale * stream @ weight_l^T
 void project_layer(at::Tensor acc, const at::Tensor& hidden, const c10::optional<at::Tensor>& residual,
-                   const at::Tensor& weight_l) {
+                   const at::Tensor& weight_l, double norm_eps) {
   TORCH_CHECK(acc.scalar_type() == at::kFloat && acc.stride(1) == 1, "acc must be float32 with unit column stride");
   at::Tensor w = weight_l.to(at::kFloat).contiguous();
-  project_layer_into(acc, hidden, residual, w, 0);
+  project_layer_into(acc, hidden, residual, w, 0, norm_eps);
 }
 
 // deterministic per-segment sums, in double, in token order
@@ -215,12 +244,13 @@ std::vector<at::Tensor> gated_segment_sums(const at::Tensor& z, const at::Tensor
 }
 
 std::vector<at::Tensor> swift_reduce(const std::vector<at::Tensor>& hs, const std::vector<c10::optional<at::Tensor>>& rs,
-                                     const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& cu_seqlens) {
+                                     const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& cu_seqlens,
+                                     double norm_eps) {
   TORCH_CHECK(!hs.empty() && hs.size() == rs.size(), "one residual (or None) per layer");
   const int64_t t = hs[0].size(0), d = hs[0].size(1);
   at::Tensor w = weight.to(at::kFloat).contiguous();
   at::Tensor z = at::zeros({t, 2}, at::TensorOptions().dtype(at::kFloat));
-  for (size_t l = 0; l < hs.size(); ++l) project_layer_into(z, hs[l], rs[l], w, static_cast<int64_t>(l) * d);
+  for (size_t l = 0; l < hs.size(); ++l) project_layer_into(z, hs[l], rs[l], w, static_cast<int64_t>(l) * d, norm_eps);
   at::Tensor cu = cu_seqlens.to(at::kLong).contiguous();
   return gated_segment_sums(z, bias.to(at::kFloat).contiguous(), cu);
 }
@@ -323,8 +353,12 @@ at::Tensor sar_from_logits(const at::Tensor& xq, const at::Tensor& x0, const at:
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "swift_fast CPU kernels (see swift_fast/kernels/csrc/native.cpp)";
-  m.def("project_layer", &project_layer, "acc[:T, :rows] += stream @ weight_l^T, in place");
-  m.def("swift_reduce", &swift_reduce, "SWIFT projection, gate and per-segment sums");
+  // norm_eps < 0 (the default): no state norm
+  m.def("project_layer", &project_layer, "acc[:T, :rows] += scale * stream @ weight_l^T, in place",
+        py::arg("acc"), py::arg("hidden"), py::arg("residual"), py::arg("weight_l"), py::arg("norm_eps") = -1.0);
+  m.def("swift_reduce", &swift_reduce, "SWIFT projection (each state scaled by its rms with norm_eps >= 0), gate "
+        "and per-segment sums", py::arg("hidden"), py::arg("residual"), py::arg("weight"), py::arg("bias"),
+        py::arg("cu_seqlens"), py::arg("norm_eps") = -1.0);
   m.def("token_logprobs", &token_logprobs, "per-token log-probs, one read of the logits");
   m.def("sar_from_logits", &sar_from_logits, "self-aligned reward from both passes' logits");
 }
