@@ -11,6 +11,9 @@ on, pruning, and the server with streaming.
   32-token blocks and a 12-block KV cache that forces preemption.
 * Qwen2, in-process engine core, an ungated head over states ``[2, 0]``, no SAR: the pass's
   cost is read from the engine's own statistics.
+* A head imported from a reference checkpoint trained with ``--apply_norm`` (state norm, every
+  hidden state), in-process against the paper's formula in float64, and behind the server with
+  vLLM's default torch.compile.
 """
 
 from __future__ import annotations
@@ -311,20 +314,70 @@ def test_without_prefix_caching_the_pass_recomputes_everything_exactly(models, t
         shutdown(llm)
 
 
-# -- the server: async engine, streaming -----------------------------------------------------------
+# -- a head imported from the paper's code (--apply_norm), exact against its formula ------------------
 @pytest.fixture(scope="module")
-def server(models, tmp_path_factory):
+def gain_llama(models, tmp_path_factory):
+    """The Llama with a random final-norm gain (all ones would hide a gain that is not folded in)."""
+    from test_import_head import _with_random_norm_gain
+
+    return _with_random_norm_gain(models["llama"], str(tmp_path_factory.mktemp("gain") / "llama"), 3, shard=False)
+
+
+def imported_head(model_dir, ckpt_path, seed):
+    """A reference checkpoint (``fused_layer``, all states, ``--apply_norm``) written by hand, imported."""
+    from test_import_head import _checkpoint
+    from transformers import AutoConfig
+
+    from swift_fast.reference_heads import import_reference_checkpoint, read_final_norm_weight
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    sd = _checkpoint(ckpt_path, (cfg.num_hidden_layers + 1) * cfg.hidden_size, seed=seed)
+    head = import_reference_checkpoint(ckpt_path, cfg, apply_norm=True, norm_weight=read_final_norm_weight(model_dir))
+    assert head.alignment == "emitted" and head.norm_eps is not None
+    return head, sd
+
+
+def test_an_imported_apply_norm_head_scores_as_the_papers_formula(gain_llama, tmp_path):
+    """vLLM's scores of a head imported from a reference checkpoint trained with ``--apply_norm``
+    against the paper's formula in float64: every hidden state through the model's final norm,
+    concatenated, each response token's own position, the checkpoint's Linear, the gated average."""
+    from test_import_head import _models, _reference_scores
+    from vllm import LLM
+
+    head, sd = imported_head(gain_llama, str(tmp_path / "reward_model.pt"), seed=21)
+    hp = str(tmp_path / "head.safetensors")
+    head.save(hp)
+    with env(VLLM_ENABLE_V1_MULTIPROCESSING=0):
+        llm = LLM(model=gain_llama, dtype="float32", enforce_eager=True, max_model_len=128,
+                  kv_cache_memory_bytes=512 * KV_BYTES_PER_TOKEN, additional_config={"swift_fast": {"head": hp}})
+    try:
+        ref = Ref(gain_llama)
+        prompts = [ref.prompt(t) for t in TEXTS[:2]]
+        res = llm.generate(tokens(prompts), sp(n=2, max_tokens=9))
+    finally:
+        shutdown(llm)
+    P, R, outs = flatten(res, prompts)
+    _, m64, _ = _models(gain_llama)
+    want = _reference_scores(m64, sd, [p + r for p, r in zip(P, R)], [len(p) for p in P], apply_norm=True)
+    got = torch.tensor([c.swift_score for c in outs], dtype=torch.float64)
+    assert want.std() > 0.05
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+# -- the server: async engine, torch.compile, streaming ----------------------------------------------
+@pytest.fixture(scope="module")
+def server(gain_llama, tmp_path_factory):
+    """vLLM's default settings (torch.compile on), SAR on, an imported ``--apply_norm`` head: the
+    normalised projection inside the compiled graph."""
     openai = pytest.importorskip("openai")
     from swift_fast.testing import serve
 
     root = tmp_path_factory.mktemp("emitted_server")
-    path = models["llama"]
-    head = emitted_head(path, layers=[0, 2], seed=14)
+    head, _ = imported_head(gain_llama, str(root / "reward_model.pt"), seed=22)
     hp = str(root / "head.safetensors")
     head.save(hp)
-    with serve(path, hp, root / "server.log", sar=True, eager=True,
-               kv_cache_bytes=1024 * KV_BYTES_PER_TOKEN) as s:
-        yield openai.OpenAI(base_url=f"{s.url}/v1", api_key="none"), path, head, Ref(path)
+    with serve(gain_llama, hp, root / "server.log", sar=True, kv_cache_bytes=1024 * KV_BYTES_PER_TOKEN) as s:
+        yield openai.OpenAI(base_url=f"{s.url}/v1", api_key="none"), gain_llama, head, Ref(gain_llama)
 
 
 def _extra(obj, key):

@@ -15,6 +15,7 @@ COMMANDS = {
     "train": ("train", "train a SWIFT head on graded rollouts, features recomputed from the model"),
     "score": ("score", "score the candidates of a rollout file with a head (Hugging Face, no states stored)"),
     "eval": ("eval", "BoN@k table and plot from a rollout file of scored, graded candidates"),
+    "import-head": ("import_head", "convert a SWIFT paper reference checkpoint (.pt) into a swift-fast head"),
     "serve": ("serve", "OpenAI-compatible server (vLLM) whose responses carry SWIFT scores"),
 }
 
