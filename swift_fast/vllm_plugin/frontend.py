@@ -71,7 +71,7 @@ class Accumulator:
     """Per-request sums (float64 on the host)."""
 
     __slots__ = ("scored", "sar_wanted", "last_wanted", "frontend", "context", "wsum", "gsum", "n", "sampled", "lp",
-                 "lpn", "sar", "held", "pending", "released", "last_done", "last_missing", "cache_salt", "group",
+                 "lpn", "sar", "held", "pending", "released", "last_done", "last_missing", "request", "group",
                  "index", "at", "conf", "pruned", "trace")
 
     def __init__(self, scored: bool, sar_wanted: bool, frontend: "FrontEnd", context: dict | None = None,
@@ -91,7 +91,8 @@ class Accumulator:
         self.released = False
         self.last_done = False
         self.last_missing: str | None = None  # why the last state cannot be computed
-        self.cache_salt: str | None = None
+        #: what a pass repeats of the candidate's request: cache_salt, priority, arrival_time, engine rank
+        self.request: dict = {}
         self.group = None  # pruning.Group when the candidate's request is pruned
         self.index = 0  # its index in the group
         self.at: dict | None = None  # its signal at each decision threshold it reached (pruning)
@@ -136,8 +137,8 @@ class Accumulator:
         if not self.scored:
             return None
         lag = 1 if partial and self.last_wanted and not self.last_done and num_tokens else 0
-        if num_tokens and not self.n:
-            return None  # nothing scored yet: an emitted head's first token
+        if partial and not self.n:
+            return None  # nothing scored yet (an emitted head's first token; aborted before any token)
         if self.n != num_tokens - lag:
             if not (self.last_missing and self.n == num_tokens - 1):  # that reason was logged already
                 self.frontend.warn_once(
@@ -194,6 +195,9 @@ class FrontEnd:
         self.to_release: list = []
         self._tasks: set = set()
         self.pruner = Pruner(engine.input_processor, cfg.prune)
+        # data-parallel engine cores in rank order (None with one engine core)
+        engines = getattr(self.engine_core, "core_engines", None)
+        self._engines = list(engines) if engines is not None and len(engines) > 1 else None
         self._touched: set = set()  # pruning groups that received values this step
         _patch_request_state()
         self._wrap()
@@ -210,13 +214,21 @@ class FrontEnd:
             rs = self_.request_states.get(request.request_id)
             if rs is not None and rs.detokenizer is not None and getattr(rs, "_swift_fast", None) is None:
                 scored = request_kind(request.sampling_params)[0] == SCORE and not _IN_BEAM_SEARCH.get()
+                if scored and getattr(request, "resumable", False):
+                    # a streaming-input session: each input segment ends with a finish reason that
+                    # does not end the request, and earlier output becomes prompt; not scored
+                    fe.warn_once("resumable", "swift-fast: streaming-input sessions are not scored (request %s)",
+                                 request.request_id)
+                    scored = False
                 context = None
                 if scored and fe.contexts is not None:
                     context = context_of(request.sampling_params) or fe.contexts.default
                 acc = rs._swift_fast = Accumulator(scored, scored and fe.cfg.sar, fe, context,
                                                    last_wanted=scored and fe.last_wanted)
+                if scored:
+                    acc.request = {"cache_salt": request.cache_salt, "priority": request.priority,
+                                   "arrival_time": request.arrival_time}
                 if acc.last_wanted:
-                    acc.cache_salt = request.cache_salt
                     acc.last_missing = last_state.unavailable(request)
                 if scored and trace_requested(request.sampling_params):
                     acc.trace = ([], [], [], [])
@@ -284,11 +296,20 @@ class FrontEnd:
                     if acc.held is not None:
                         continue  # finished candidate: surplus tokens before its abort landed
                     if v is not None:
+                        if not acc.sampled and self._engines is not None:
+                            self._note_engine(rid, acc)
                         acc.add(v)
                         if acc.group is not None:
                             self._touched.add(acc.group)
             keep.append(eco)
         return keep
+
+    def _note_engine(self, rid: str, acc: Accumulator) -> None:
+        """With data-parallel engines, the rank of the engine serving a candidate: its passes go to
+        the same engine, whose prefix cache holds the candidate's KV blocks."""
+        engine = getattr(self.engine_core, "reqs_in_flight", {}).get(rid)
+        if engine is not None and engine in self._engines:
+            acc.request["data_parallel_rank"] = self._engines.index(engine)
 
     def _running(self, rs) -> bool:
         acc = rs._swift_fast
@@ -369,9 +390,9 @@ class FrontEnd:
                 "rendered from a chat, pass the same chat with the user turn emptied as sar_context.",
                 rs.external_req_id, len(q0),
             )
-        if len(q0) + len(answer) > self.max_model_len:
+        if len(q0) + len(answer) >= self.max_model_len:  # vLLM takes prompts shorter than max_model_len
             self._pass_failed(rs, "sar", ValueError(
-                f"the question-removed pass needs {len(q0)} context + {len(answer)} answer tokens, over "
+                f"the question-removed pass needs {len(q0)} context + {len(answer)} answer tokens, not below "
                 f"max_model_len {self.max_model_len}: give a shorter sar_context or a larger --max-model-len"
             ))
             return
@@ -382,19 +403,26 @@ class FrontEnd:
         if why is not None:
             self._pass_failed(rs, "last", ValueError(why))
             return
-        self._submit(rs, "last", list(rs.prompt_token_ids) + answer, cache_salt=acc.cache_salt)
+        self._submit(rs, "last", list(rs.prompt_token_ids) + answer)
 
-    def _submit(self, rs, kind: str, ids: list[int], q0_len: int = 0, cache_salt: str | None = None) -> None:
-        """Send one pass of ``kind`` (``"sar"`` or ``"last"``) for held candidate ``rs`` to the engine core."""
+    def _submit(self, rs, kind: str, ids: list[int], q0_len: int = 0) -> None:
+        """Send one pass of ``kind`` (``"sar"`` or ``"last"``) for held candidate ``rs`` to the engine
+        core, with the candidate's priority, arrival time (:mod:`.scheduling`) and engine; a
+        last-state pass also with its ``cache_salt``, whose blocks it reads."""
         from vllm.inputs.engine import tokens_input
 
+        own = rs._swift_fast.request
+        salt = own.get("cache_salt") if kind == "last" else None
         try:
             req = self.input_processor.process_inputs(
                 f"swift-fast-{kind}-{rs.request_id}",
-                tokens_input(ids, cache_salt=cache_salt),  # already token ids: nothing to render
+                tokens_input(ids, cache_salt=salt),  # already token ids: nothing to render
                 last_state.pass_params(kind, q0_len),
                 supported_tasks=("generate",),
+                arrival_time=own.get("arrival_time"),
                 lora_request=rs.lora_request,
+                priority=own.get("priority", 0),
+                data_parallel_rank=own.get("data_parallel_rank"),
             )
             self.input_processor.assign_request_id(req)
         except Exception as e:  # a pass the engine refuses

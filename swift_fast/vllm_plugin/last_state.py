@@ -24,17 +24,24 @@ candidate as generation fills it, and keeps them after the candidate finishes un
 is needed, so the pass recomputes only the tokens after the last full block of prompt + answer
 minus one (vLLM always computes the last prompt token): between 1 and ``block_size`` tokens,
 ``(len(prompt) + len(answer) - 1) % block_size + 1``. It computes no logits beyond its one
-sampling row and samples greedily. With prefix caching off, or after the cache evicted the
-blocks, the pass recomputes the whole sequence: exact, only slower (a warning at start-up when
-prefix caching is off). ``FrontEnd.last_state_passes`` / ``last_state_tokens`` count the passes
-and the tokens they computed.
+sampling row and samples greedily. So that the blocks are still there, the pass goes to the head
+of the engine core's waiting queue (:mod:`.scheduling`; under the priority policy it carries its
+candidate's priority and arrival time), and with data-parallel engines to the candidate's own
+engine. With prefix caching off, or when a full KV cache gave the blocks to a running request
+first, the pass recomputes more, up to the whole sequence: exact, only slower (a warning at
+start-up when prefix caching is off). ``FrontEnd.last_state_passes`` / ``last_state_tokens``
+count the passes and the tokens they computed. The pass runs on the weights loaded when it runs:
+an RL loop that updates weights while candidates are held scores their last token with the new
+ones (SAR's pass alike).
 
 Where there is no exact last state, ``swift_score`` is None with the reason logged, never the
 score of a shorter answer presented as the whole: a candidate that fills ``max_model_len``
 (vLLM cannot take ``max_model_len`` tokens as a prompt), a prompt with multimodal inputs or
 prompt embeddings (the pass sends token ids only), a pass the engine refused. A candidate
 stopped by pruning or aborted gets no pass: its partial ``swift_score`` covers its tokens but the
-last, and ``swift_tokens`` says so.
+last, and ``swift_tokens`` says so. Pruning ranks an emitted head's candidates on their scores over
+``t`` tokens once those exist, that is when token ``t + 1`` has been sampled
+(:func:`swift_fast.pruning.signal_lag`, which the offline replay applies too).
 """
 
 from __future__ import annotations
