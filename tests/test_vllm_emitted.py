@@ -309,10 +309,13 @@ def test_pruning_ranks_emitted_scores_at_each_threshold(qwen, signal, max_tokens
 
 
 def test_without_prefix_caching_the_pass_recomputes_everything_exactly(models, tmp_path, caplog):
+    """Prefix caching off: a warning, and passes that recompute whole sequences, exactly; with a
+    logit-feature head (``import-head --logits``), whose state of the last token is the pass's
+    sampling row's logits."""
     from vllm import LLM
 
     path = models["qwen2"]
-    head = emitted_head(path, layers=[1], seed=13)
+    head = emitted_head(path, feature="logits", seed=13)
     hp = str(tmp_path / "head.safetensors")
     head.save(hp)
     with env(VLLM_ENABLE_V1_MULTIPROCESSING=0), caplog.at_level("WARNING", logger="swift_fast.vllm_plugin"):
