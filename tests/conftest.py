@@ -17,3 +17,26 @@ def shared_data():
     if not os.path.isdir(SHARED_DATA):
         pytest.skip("../shared/data is not present")
     return SHARED_DATA
+
+
+def _streaming_backends() -> list[str]:
+    """What can run the streaming ops on the CPU here: torch always, Triton through the
+    interpreter, the native extension when it is built."""
+    from swift_fast.kernels._dispatch import HAVE_TRITON, interpreting, native_module
+
+    out = ["torch"]
+    if HAVE_TRITON and interpreting():
+        out.append("triton")
+    if native_module() is not None:
+        out.append("native")
+    return out
+
+
+@pytest.fixture(params=_streaming_backends())
+def cpu_backend(request):
+    """Each CPU backend of the streaming ops in turn (``set_cpu_backend``), restored afterwards."""
+    from swift_fast.kernels import streaming as st
+
+    prev = st.set_cpu_backend(request.param)
+    yield request.param
+    st.set_cpu_backend(prev)

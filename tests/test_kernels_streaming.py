@@ -6,26 +6,10 @@ import pytest
 import torch
 
 from swift_fast.kernels import streaming as st
-from swift_fast.kernels._dispatch import HAVE_TRITON, interpreting, native_module
+from swift_fast.kernels._dispatch import HAVE_TRITON, interpreting
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: numpy inf/NaN
 CUDA = torch.cuda.is_available()
-
-
-def _backends():
-    out = ["torch"]
-    if HAVE_TRITON and interpreting():
-        out.append("triton")
-    if native_module() is not None:
-        out.append("native")
-    return out
-
-
-@pytest.fixture(params=_backends())
-def cpu_backend(request):
-    prev = st.set_cpu_backend(request.param)
-    yield request.param
-    st.set_cpu_backend(prev)
 
 
 def _hand_state(layers, weight, bias, slots, n_slots, norm=None):

@@ -24,8 +24,11 @@ def _fast_backends():
     return out
 
 
-def _hand(layers, weight, bias, cu):
-    """Float64 ``(score, gate_sum, weighted_sum)`` by explicit loops (SWIFT Eq. 2-4)."""
+def _hand(layers, weight, bias, cu, gains=None, eps=None):
+    """Float64 ``(score, gate_sum, weighted_sum)`` by explicit loops (SWIFT Eq. 2-4). With ``eps``,
+    every state is normalised explicitly first, ``g_l * h / sqrt(mean(h^2) + eps)`` (``h`` the
+    stored stream: the pair summed in its dtype; ``gains[l]`` the norm's gain ``g_l``), and
+    ``weight`` is the *unfolded* one."""
     rows = weight.shape[0]
     d = weight.shape[1] // len(layers)
     out = []
@@ -36,6 +39,9 @@ def _hand(layers, weight, bias, cu):
             for li, layer in enumerate(layers):
                 x = layer[0][t] + layer[1][t] if isinstance(layer, tuple) else layer[t]
                 x = x.double().tolist()
+                if eps is not None:
+                    rms = math.sqrt(sum(v * v for v in x) / d + eps)
+                    x = [float(gains[li][i]) * x[i] / rms for i in range(d)]
                 for j in range(rows):
                     z[j] += sum(x[i] * float(weight[j, li * d + i]) for i in range(d))
             g, r = (1.0 / (1.0 + math.exp(-z[0])), z[1]) if rows == 2 else (1.0, z[0])
@@ -213,28 +219,8 @@ def test_every_loop_runs_several_tiles(config, dtype):
 
 
 def _hand_norm(layers, w, gains, eps, bias, cu):
-    """Float64 ``(score, gate_sum, weighted_sum)`` with every state normalised explicitly:
-    ``g_l * h / sqrt(mean(h^2) + eps)`` (``h`` the stored stream: the pair summed in its dtype),
-    then multiplied by the *unfolded* weight ``w`` (SWIFT Eq. 2-4 over RMSNorm-ed states)."""
-    rows = w.shape[0]
-    d = w.shape[1] // len(layers)
-    out = []
-    for b in range(len(cu) - 1):
-        gs = ws = 0.0
-        for t in range(int(cu[b]), int(cu[b + 1])):
-            z = [float(bias[j]) for j in range(rows)]
-            for li, layer in enumerate(layers):
-                x = layer[0][t] + layer[1][t] if isinstance(layer, tuple) else layer[t]
-                x = x.double().tolist()
-                rms = math.sqrt(sum(v * v for v in x) / d + eps)
-                xn = [float(gains[li][i]) * x[i] / rms for i in range(d)]
-                for j in range(rows):
-                    z[j] += sum(xn[i] * float(w[j, li * d + i]) for i in range(d))
-            g, r = (1.0 / (1.0 + math.exp(-z[0])), z[1]) if rows == 2 else (1.0, z[0])
-            gs += g
-            ws += g * r
-        out.append((ws / max(gs, 1e-8), gs, ws))
-    return torch.tensor(out, dtype=torch.float64).reshape(-1, 3).T
+    """:func:`_hand` over RMSNorm-ed states (the unfolded weight ``w``, the gains, ``eps``)."""
+    return _hand(layers, w, bias, cu, gains=gains, eps=eps)
 
 
 def _norm_case(dtype, rows=2, t=29, d=37, k=5, pairs=(0, 2), seed=0):

@@ -8,27 +8,9 @@ import torch
 from hf_fixtures import FAMILIES, tiny_model_dir
 
 from swift_fast.head import HeadError, SwiftHead
-from swift_fast.kernels import streaming as st
-from swift_fast.kernels._dispatch import HAVE_TRITON, interpreting, native_module
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: numpy inf/NaN
-
-
-def _backends():
-    out = ["torch"]
-    if HAVE_TRITON and interpreting():
-        out.append("triton")
-    if native_module() is not None:
-        out.append("native")
-    return out
-
-
-@pytest.fixture(params=_backends())
-def cpu_backend(request):
-    prev = st.set_cpu_backend(request.param)
-    yield request.param
-    st.set_cpu_backend(prev)
 
 
 def _load(path, dtype):

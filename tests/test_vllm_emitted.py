@@ -30,6 +30,7 @@ from test_vllm_plugin import (
     RTOL,
     TEXTS,
     Ref,
+    _preemptions,
     assert_scores,
     env,
     flatten,
@@ -129,10 +130,6 @@ def test_chunked_prefill_and_prefix_cache_hits_are_exact(llama):
     second = llm.generate(tokens([p, p]), sp(n=2, max_tokens=8))
     assert all(r.num_cached_tokens > 0 for r in second), "the repeated prompt was served from the prefix cache"
     assert_scores(ref, head, first + second, [p, p, p], sar=True)
-
-
-def _preemptions(llm) -> float:
-    return sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
 
 
 def test_preemption_and_recomputation_score_each_token_once(llama):
