@@ -19,6 +19,8 @@ from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, TEXTS, Ref, make_he
 
 from swift_fast.testing import build_tiny_model, serve
 
+BLOCK = 32
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two engine cores need two cores"),
@@ -38,7 +40,7 @@ def server(tmp_path_factory):
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core for each engine core's worker
     try:
         with serve(path, hp, root / "server.log", sar=True, eager=True, kv_cache_bytes=1024 * KV_BYTES_PER_TOKEN,
-                   extra=("--data-parallel-size", "2")) as s:
+                   extra=("--data-parallel-size", "2", "--block-size", str(BLOCK))) as s:
             yield s, head, Ref(path)
     finally:
         if old is None:
@@ -53,15 +55,20 @@ def _post(url, body):
         return json.load(r)
 
 
-def _served_by_engine(url) -> dict[str, float]:
+def _by_engine(url, metric: str) -> dict[str, float]:
+    """A counter of vLLM's ``/metrics``, summed per engine."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("vllm:request_success_total{"):
+        if line.startswith(metric + "{"):
             engine = line.split('engine="', 1)[1].split('"', 1)[0]
             out[engine] = out.get(engine, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def _served_by_engine(url) -> dict[str, float]:
+    return _by_engine(url, "vllm:request_success_total")
 
 
 def test_scores_are_exact_on_both_engines(server):
@@ -92,3 +99,22 @@ def test_best_of_n_across_engines(server):
     info = c["best_of_n"]
     assert info["n"] == 4 and len(info["sar"]) == 4 and c["sar_context"] == "chat"
     assert c["swift_score"] == max(info["swift_scores"])
+
+
+def test_last_state_passes_run_on_their_candidates_engine(server):
+    """Prompts of random tokens share no cached block, so the prefix-cache hits a batch adds are
+    those of its last-state passes: ``(prompt + answer - 1) // BLOCK`` full blocks each, only when
+    every pass runs on the engine that holds its candidate's blocks."""
+    import random
+
+    s, head, ref = server
+    rng = random.Random(7)
+    m = 8
+    prompts = [[rng.randrange(10, ref.tok.vocab_size) for _ in range(90 + 7 * i)] for i in range(8)]
+    before = sum(_by_engine(s.url, "vllm:prefix_cache_hits_total").values())
+    body = lambda p: {"model": s.model, "prompt": p, "max_tokens": m, "ignore_eos": True}  # noqa: E731
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda p: _post(f"{s.url}/v1/completions", body(p)), prompts))
+    assert all(c["swift_tokens"] == m for r in results for c in r["choices"])
+    hits = sum(_by_engine(s.url, "vllm:prefix_cache_hits_total").values()) - before
+    assert hits == sum((len(p) + m - 1) // BLOCK * BLOCK for p in prompts)
