@@ -20,6 +20,7 @@ EXAMPLES = """\
 examples:
   swift-fast collect --model Qwen/Qwen2.5-7B-Instruct --data gsm8k --n 8 --out rollouts.jsonl
   swift-fast collect --model M --data train.jsonl --n 16 --limit 500 --engine transformers --out r.jsonl
+  swift-fast collect --model M --data gsm8k --n 8 --out rollouts.jsonl --data-parallel-size 2
 """
 
 
@@ -57,6 +58,20 @@ def add_generation_args(p, n: int) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--chunk", type=int, default=64, help="problems per engine call, written together (default 64)")
     p.add_argument("--grade-timeout", type=float, default=5.0, help="seconds per math answer before it counts as wrong")
+    p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                   help="vLLM: N engines, each problem sent to the least loaded one (vLLM's data parallelism; "
+                        "on the CPU each engine gets its share of the cores); same output as one engine")
+
+
+def data_parallel_kwargs(args, engine: str) -> dict:
+    """The vLLM keyword for ``--data-parallel-size`` (none for one engine); a clear error for a
+    value below 1 or an engine without data parallelism."""
+    n = args.data_parallel_size
+    if n < 1:
+        raise ValueError(f"--data-parallel-size must be at least 1, got {n}")
+    if n > 1 and engine != "vllm":
+        raise ValueError(f"--data-parallel-size {n} runs several vLLM engines; the {engine} engine runs one")
+    return {"data_parallel_size": n} if n > 1 else {}
 
 
 def collect_config(args):
@@ -75,13 +90,14 @@ def run(args) -> int:
     from ..hf.features import UnsupportedModelError
 
     try:
-        examples = load_dataset(args.data, kind=args.kind, limit=args.limit)
-        cfg = collect_config(args)
         engine_name = args.engine
         if engine_name == "auto":
             engine_name = "vllm" if vllm_available() else "transformers"
+        dp = data_parallel_kwargs(args, engine_name)
+        examples = load_dataset(args.data, kind=args.kind, limit=args.limit)
+        cfg = collect_config(args)
         if engine_name == "vllm":
-            kw = {}
+            kw = dict(dp)
             if args.gpu_memory_utilization is not None:
                 kw["gpu_memory_utilization"] = args.gpu_memory_utilization
             if args.enforce_eager != "auto":

