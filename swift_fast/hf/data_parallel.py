@@ -88,8 +88,12 @@ class DataParallelLLM:
 
     def generate(self, prompts: list, params: list, use_tqdm: bool = False) -> list:
         """One final ``RequestOutput`` per prompt, in order (``params``: one ``SamplingParams`` per prompt)."""
+        from vllm.inputs.engine import tokens_input
         from vllm.sampling_params import RequestOutputKind
 
+        # token ids as an engine input: nothing to render (a raw dict is deprecated in vLLM 0.32)
+        prompts = [tokens_input(list(p["prompt_token_ids"])) if isinstance(p, dict) and "type" not in p else p
+                   for p in prompts]
         batch = next(self._ids)
         params = [p.clone() for p in params]
         for p in params:
