@@ -153,19 +153,33 @@ def test_generate_time_scores_equal_offline(tmp_path_factory, projection, alignm
 # -- the vLLM forward hooks, on a stand-in decoder with vLLM's layer interface ----------------
 
 
+class _InputNorm(torch.nn.Module):
+    """``norm(x) -> normed`` or ``norm(x, residual) -> (normed, x + residual)`` like vLLM's RMSNorm."""
+
+    def forward(self, x, residual=None):
+        r = x if residual is None else x + residual
+        normed = r / r.norm(dim=-1, keepdim=True)
+        return normed if residual is None else (normed, r)
+
+
 class _Layer(torch.nn.Module):
-    """``forward(positions, hidden_states, residual) -> (hidden, residual)`` like vLLM's layers."""
+    """``forward(positions, hidden_states, residual) -> (hidden, residual)`` like vLLM's layers,
+    the residual added by the input norm."""
 
     def __init__(self, d, seed):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
+        self.input_layernorm = _InputNorm()
         self.lin = torch.nn.Linear(d, d)
         with torch.no_grad():
             self.lin.weight.copy_(torch.randn(d, d, generator=g) * (seed + 1) / d**0.5)
 
     def forward(self, positions, hidden_states, residual):
-        residual = hidden_states if residual is None else hidden_states + residual
-        return torch.tanh(self.lin(residual)) * (1 + positions[:, None]), residual
+        if residual is None:
+            residual, h = hidden_states, self.input_layernorm(hidden_states)
+        else:
+            h, residual = self.input_layernorm(hidden_states, residual)
+        return torch.tanh(self.lin(h)) * (1 + positions[:, None]), residual
 
 
 class _Norm(torch.nn.Module):

@@ -2,19 +2,34 @@
 
 The decoder's modules keep their names, parameters and classes' behaviour; each module that
 produces a selected state gets a subclass (``__class__`` swapped in place) whose ``forward``
-calls the original and then ``torch.ops.swift_fast.project_layer_`` on its output:
+calls the original and then ``torch.ops.swift_fast.project_layer_`` on the state:
 
 ==========================  ======================================================
 hidden state (HF numbering)  where it is read
 ==========================  ======================================================
 0 (embeddings)              input of decoder layer 0 (before the layer runs)
-i = 1 .. L-1                output ``(hidden, residual)`` of decoder layer i-1;
-                            the residual stream is their sum
+i = 1 .. L-1                second output of decoder layer i's input norm: the
+                            residual stream ``hidden + residual`` of layer i-1,
+                            which its fused add-RMSNorm computes anyway
 L (after the final norm)    first output of the decoder's final norm
 ==========================  ======================================================
 
-The projection is read at once: fused add-RMSNorm kernels update ``hidden``/``residual`` in
-place in the next layer. All partial projections add into one float32 accumulator ``acc[N, 2]``
+Why the input norm's residual and not layer i-1's ``(hidden, residual)`` output. Under tensor
+parallelism ``hidden`` is the all-reduced output of the layer's MLP, and vLLM's compile pass
+``AllReduceFusedAddRMSNormPattern`` (``compilation/passes/fusion/allreduce_rms_fusion.py``,
+``fuse_allreduce_rms``) replaces ``all_reduce(x)`` followed by the next norm's
+``fused_add_rms_norm`` with one FlashInfer kernel. Inductor's pattern matcher accepts a match
+only when every node inside the pattern has exactly the users the pattern has
+(``_match_users``); only the pattern's outputs -- the normed states and the new residual -- may
+have others. A projection of the all-reduce's output would be a second user of an inner node
+and would cost that fusion at every scored layer; the new residual is an output, so reading it
+leaves the pattern whole (the same holds for the final norm's output, state L). The values are
+the same: the fused add rounds ``hidden + residual`` to the model dtype once, as the sum of the
+pair does. (Measured on no GPU here: the fusion needs FlashInfer on CUDA; the CPU tests check
+that every state is still read exactly.)
+
+The projection is read at once: fused add-RMSNorm kernels update their residual in place in the
+next norm. All partial projections add into one float32 accumulator ``acc[N, 2]``
 (N = the engine's ``max_num_batched_tokens``) and each layer's weight columns ``W_l[rows, d]``;
 both are registered as (non-persistent) buffers on the hooked modules, which is how state that
 compiled code mutates reaches vLLM's ``torch.compile`` graph (a global tensor does not). The
@@ -44,19 +59,24 @@ def _project(acc: torch.Tensor, hidden: torch.Tensor, residual, weight: torch.Te
 
 
 class _ScoredLayer:
-    """Mixin put in front of a decoder layer's class: projects its input (state 0) and/or its
-    output (state i+1). ``forward(positions, hidden_states, residual, ...)`` as vLLM's decoder
-    layers (Llama, Qwen2, Mistral, ...)."""
+    """Mixin put in front of decoder layer 0's class: projects its input (state 0).
+    ``forward(positions, hidden_states, residual, ...)`` as vLLM's decoder layers (Llama, Qwen2,
+    Mistral, ...)."""
 
     def forward(self, positions, hidden_states, residual, *args, **kwargs):
-        w_in = getattr(self, W_IN)
-        eps = getattr(self, NORM_EPS)
-        if w_in is not None:
-            _project(getattr(self, ACC), hidden_states, residual, w_in, eps)
-        out = super().forward(positions, hidden_states, residual, *args, **kwargs)
-        w_out = getattr(self, W_OUT)
-        if w_out is not None:
-            _project(getattr(self, ACC), out[0], out[1], w_out, eps)
+        _project(getattr(self, ACC), hidden_states, residual, getattr(self, W_IN), getattr(self, NORM_EPS))
+        return super().forward(positions, hidden_states, residual, *args, **kwargs)
+
+
+class _ScoredResidual:
+    """Mixin put in front of the class of decoder layer i's input norm (i >= 1): projects the
+    residual stream it returns with the normed states, ``norm(hidden, residual) -> (normed,
+    hidden + residual)``: state i."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if isinstance(out, tuple):
+            _project(getattr(self, ACC), out[1], None, getattr(self, W_OUT), getattr(self, NORM_EPS))
         return out
 
 
@@ -143,27 +163,38 @@ def install(
         return fs
     parts = decoder_parts(model, architecture)
     L = parts.num_layers
-    w_in: dict[int, torch.Tensor] = {}
-    w_out: dict[int, torch.Tensor] = {}
-    w_norm = None
+    w_in = w_norm = None
+    w_res: dict[int, torch.Tensor] = {}  # decoder layer index -> columns of the state its input norm returns
     for i, state in enumerate(head.layers):
         w = head.layer_weight(i).detach().to(device=device, dtype=torch.float32).contiguous()
         if state == 0:
-            w_in[0] = w
+            w_in = w
         elif state < L:
-            w_out[state - 1] = w
+            w_res[state] = w
         elif state == L:
             w_norm = w
         else:
             raise HeadError(f"head layer {state} does not exist: the model has hidden states 0..{L}")
-    for idx in sorted(set(w_in) | set(w_out)):
-        layer = parts.layers[idx]
+    if w_in is not None:
+        layer = parts.layers[0]
         _swap_class(layer, _ScoredLayer)
         _set_buffer(layer, ACC, acc)
-        _set_buffer(layer, W_IN, w_in.get(idx))
-        _set_buffer(layer, W_OUT, w_out.get(idx))
+        _set_buffer(layer, W_IN, w_in)
         setattr(layer, NORM_EPS, head.norm_eps)
         fs.modules.append(layer)
+    for idx, w in sorted(w_res.items()):
+        norm = getattr(parts.layers[idx], "input_layernorm", None)
+        if not isinstance(norm, nn.Module):
+            raise HeadError(
+                f"swift-fast reads hidden state {idx} from decoder layer {idx}'s input_layernorm, which "
+                f"{architecture or type(model).__name__} does not have (expected as in vLLM's Llama, Qwen2, Qwen3 "
+                "and Mistral)"
+            )
+        _swap_class(norm, _ScoredResidual)
+        _set_buffer(norm, ACC, acc)
+        _set_buffer(norm, W_OUT, w)
+        setattr(norm, NORM_EPS, head.norm_eps)
+        fs.modules.append(norm)
     if w_norm is not None:
         _swap_class(parts.norm, _ScoredNorm)
         _set_buffer(parts.norm, ACC, acc)
