@@ -164,7 +164,7 @@ class RunnerScoring:
         step = _Step(req_ids=req_ids, values=values, report=score_rows + last_rows)
         swift_rows = self._credited(score_rows, qsl) + last_rows
         if swift_rows:
-            self._swift(st, qsl, sorted(swift_rows), values)
+            self._swift(st, qsl, swift_rows, values)
         if score_rows:
             if self.sar is not None:
                 step.sar = self.sar.keep_rows(st.logits, score_rows)
