@@ -23,6 +23,7 @@ The model is a random-weight Llama built locally (``swift_fast.testing``), size 
 
     python bench/bench_vllm_throughput.py                     # ~100M-parameter Llama, CPU
     python bench/bench_vllm_throughput.py --hidden 512 --layers 8 --rounds 3 --json out.json
+    python bench/bench_vllm_throughput.py --tensor-parallel-size 2 --eager     # plugin on/off under TP=2
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def engine(args, path: str, config: dict | None):
               kv_cache_memory_bytes=args.kv_gib * 2**30)
     if args.block_size:
         kw["block_size"] = args.block_size
+    if args.tensor_parallel_size > 1:
+        kw["tensor_parallel_size"] = args.tensor_parallel_size
     if config is not None:
         kw["additional_config"] = {"swift_fast": config}
     return LLM(**kw)
@@ -127,6 +130,8 @@ def main(argv=None) -> int:
     p.add_argument("--emitted", action="store_true",
                    help="also time the same head with the 'emitted' alignment (a last-state pass per candidate)")
     p.add_argument("--block-size", type=int, default=None, help="KV block size (default: vLLM's)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="ranks per engine (on the CPU each rank is bound to its share of the cores)")
     p.add_argument("--swift-first", action="store_true",
                    help="build the engine with the head first (engine build order can bias a shared CPU)")
     p.add_argument("--kv-gib", type=float, default=1.0, help="KV cache per engine, GiB")
@@ -136,6 +141,13 @@ def main(argv=None) -> int:
 
     import random
 
+    if args.tensor_parallel_size > 1 and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+        import torch
+
+        if not torch.cuda.is_available():
+            from swift_fast.hf.data_parallel import cpu_binding
+
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(args.tensor_parallel_size)
     root = args.root or tempfile.mkdtemp(prefix="swift-fast-bench-")
     path, hp, params = build(args, root)
     from transformers import AutoTokenizer
@@ -190,6 +202,7 @@ def main(argv=None) -> int:
         "head": f"all {args.layers + 1} hidden states, gated",
         "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.tokens,
         "compile": not args.eager, "rounds": args.rounds, "build_order": list(variants),
+        "tensor_parallel_size": args.tensor_parallel_size,
         "tokens_per_s": times, "median_tokens_per_s": med,
         "swift_over_off": ratio, "slowdown_percent": 100 * (1 - ratio),
         "paired_ratio_median": statistics.median(paired), "paired_ratio_range": [paired[0], paired[-1]],
