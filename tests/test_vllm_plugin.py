@@ -343,6 +343,23 @@ def test_missing_head_file_is_a_clear_error(models, tmp_path):
             additional_config={"swift_fast": {"head": str(tmp_path / "none.safetensors")}})
 
 
+def test_a_worker_refuses_a_head_file_other_than_the_one_the_engine_started_with(models, tmp_path):
+    """On several nodes each engine loads the head from its own disk: the file's sha256, pinned
+    into the config when the engine starts, must match there."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from swift_fast.vllm_plugin.config import check_same_head
+
+    hp = tmp_path / "head.safetensors"
+    make_head(models["llama"], layers=[1], seed=1).save(hp)
+    vllm_config = EngineArgs(model=models["llama"], dtype="float32", enforce_eager=True,
+                             additional_config={"swift_fast": {"head": str(hp)}}).create_engine_config()
+    check_same_head(vllm_config, str(hp))  # the same file: nothing to say
+    make_head(models["llama"], layers=[1], seed=2).save(hp)  # another head at the same path
+    with pytest.raises(HeadError, match="not the one the engine was started with"):
+        check_same_head(vllm_config, str(hp))
+
+
 def test_without_config_the_engine_is_untouched(models):
     from vllm import LLM
 

@@ -200,6 +200,24 @@ def plugin_config(vllm_config: Any) -> PluginConfig | None:
     return cfg
 
 
+def check_same_head(vllm_config: Any, head_path: str) -> None:
+    """Raise ``HeadError`` when the head file a worker is about to load is not the one the front
+    end checked (its sha256, pinned into the config at start-up): on several nodes each engine
+    reads the path from its own disk, and another file there would score with other weights."""
+    from ..files import sha256_of
+
+    section = section_of(vllm_config)
+    want = section.get("_head_sha256") if isinstance(section, Mapping) else None
+    if want is None:
+        return
+    got = sha256_of(head_path)
+    if got != want:
+        raise HeadError(
+            f"the SWIFT head file {head_path} on this node (sha256 {got[:16]}...) is not the one the engine "
+            f"was started with (sha256 {want[:16]}...): copy the same head file to that path on every node"
+        )
+
+
 def check_engine(vllm_config: Any, head: SwiftHead) -> None:
     """Refuse, at start-up, what the plugin cannot score exactly. Raises ``HeadError``."""
     model_config = vllm_config.model_config

@@ -239,8 +239,9 @@ class RunnerScoring:
 
 def install_on_runner(runner, cfg: PluginConfig) -> RunnerScoring:
     """Load the head, check it against the loaded model and hook the runner."""
-    from .config import check_engine
+    from .config import check_engine, check_same_head
 
+    check_same_head(runner.vllm_config, cfg.head_path)
     head = cfg.load_head()
     check_engine(runner.vllm_config, head)
     return RunnerScoring(runner, cfg, head)
