@@ -25,20 +25,11 @@ import time
 
 
 def build(args, root: str) -> tuple[str, str, str]:
-    import torch
-    from transformers import AutoConfig
+    """The random Llama and the head of ``bench_vllm_throughput.py`` (same ``--hidden``/``--layers``),
+    and ``--problems`` generic arithmetic problems."""
+    from bench_vllm_throughput import build as build_model_and_head
 
-    from swift_fast.head import SwiftHead
-    from swift_fast.testing import build_tiny_model
-
-    path = build_tiny_model("llama", os.path.join(root, f"llama-{args.hidden}x{args.layers}"), num_layers=args.layers,
-                            hidden_size=args.hidden, intermediate_size=args.hidden * 4, num_key_value_heads=2)
-    cfg = AutoConfig.from_pretrained(path)
-    torch.manual_seed(0)
-    head = SwiftHead(cfg.hidden_size, layers=list(range(cfg.num_hidden_layers + 1)))
-    head.bind_model(cfg, name=path)
-    hp = os.path.join(root, "head.safetensors")
-    head.save(hp)
+    path, hp, _ = build_model_and_head(args, root)
     data = os.path.join(root, "problems.jsonl")
     with open(data, "w") as f:
         for i in range(args.problems):
