@@ -335,6 +335,36 @@ for i in range(2):
     assert "SCORED 0 True" in r.stdout and "SCORED 1 True" in r.stdout, r.stdout[-2000:]
 
 
+def test_the_v1_runner_is_selected_before_vllm_builds_its_config(models, tmp_path):
+    """vLLM settles settings per runner while it builds its config (async scheduling is off for
+    pipeline stages on the V1 runner; its validation differs), so the plugin's switch must come
+    first: with ``VLLM_USE_V2_MODEL_RUNNER=1`` asked, vLLM's V1 validation runs for an engine with a
+    head, and its V2 validation for the same engine without one."""
+    import subprocess
+    import sys
+
+    head = make_head(models["qwen2"], layers=[1])
+    hp = tmp_path / "h.safetensors"
+    head.save(hp)
+    code = f"""
+import os
+from vllm.config import VllmConfig
+from vllm.engine.arg_utils import EngineArgs
+seen = []
+VllmConfig._validate_v1_model_runner = lambda self: seen.append("v1")
+VllmConfig._validate_v2_model_runner = lambda self: seen.append("v2")
+for extra in ({{}}, {{"swift_fast": {{"head": {str(hp)!r}}}}}):
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    seen.clear()
+    EngineArgs(model={models["qwen2"]!r}, dtype="float32", enforce_eager=True,
+               additional_config=extra).create_engine_config()
+    print("HEAD" if extra else "PLAIN", seen)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "PLAIN ['v2']" in r.stdout and "HEAD ['v1']" in r.stdout, r.stdout[-2000:]
+
+
 def test_missing_head_file_is_a_clear_error(models, tmp_path):
     from vllm import LLM
 

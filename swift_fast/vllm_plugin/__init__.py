@@ -15,16 +15,19 @@ Data path (vLLM 0.32, V1 model runner)
 --------------------------------------
 1. Start-up (front end, ``create_engine_config``): the head is loaded and checked against the
    model (``SwiftHead.check_model``: an error names head and model), speculative decoding,
-   micro-batching and pipeline parallelism are refused (below), and the head file's
+   micro-batching and torchrun's pipeline stages are refused (:func:`.config.check_engine`), and the head file's
    digest is written into the config, so vLLM's compile cache (keyed on ``additional_config``)
    never reuses a graph built for another head. On GPUs that would use Model Runner V2, the
-   V1 runner is selected (``VLLM_USE_V2_MODEL_RUNNER=0``), because the step bookkeeping hooks it.
+   V1 runner is selected (``VLLM_USE_V2_MODEL_RUNNER=0``), because the step bookkeeping hooks it;
+   it is selected before vLLM builds the config, whose settings depend on the runner.
 2. Forward (:mod:`.model_hooks`): the decoder modules producing the head's states get a
    subclass whose ``forward`` calls ``torch.ops.swift_fast.project_layer_`` on the state the
    moment it exists, adding ``h @ W_l^T`` into a float32 accumulator ``acc[max_batched_tokens, 2]``.
    ``acc`` and the weights are buffers registered on those modules, so ``torch.compile`` (vLLM's
    default) carries the mutation, and CUDA graphs replay into the same addresses. Nothing else
-   is kept: extra memory is O(max batched tokens) + O(max sequences).
+   is kept: extra memory is O(max batched tokens) + O(max sequences). Under pipeline parallelism
+   each stage projects the states of its own layers and its partial sums travel to the next
+   stage with the hidden states (:mod:`.pipeline`); the last stage holds every token's sum.
 3. Step (:mod:`.runner`, wraps ``execute_model``/``_sample``/``sample_tokens`` of the runner
    instance): rows that sample a kept token get a slot, ``finish_`` gates and sums their
    projection, and the step's per-request values (one token's ``g r``, ``g`` and, with SAR, the
@@ -68,10 +71,11 @@ that of the previous token as an input, and the states of the last token, which 
 never feeds back, come from a last-state pass that recomputes at most one KV block per finished
 candidate (:mod:`.last_state`; where no exact last state exists the score is None).
 
-Limits: V1 model runner only; no speculative decoding, no pipeline parallelism, no dual-batch
-overlap / micro-batching (refused at start-up); beam search runs unscored; models laid out as
-``model.model.layers`` + ``model.model.norm`` (Llama, Qwen2/3, Mistral and kin). Tested with
-vLLM 0.32 (:data:`TESTED_VLLM`; another version starts with a warning).
+Limits: V1 model runner only; no speculative decoding, no dual-batch overlap / micro-batching,
+no pipeline stages under the torchrun (``external_launcher``) backend (refused at start-up);
+beam search runs unscored; models laid out as ``model.model.layers`` + ``model.model.norm``
+(Llama, Qwen2/3, Mistral and kin). Tested with vLLM 0.32 (:data:`TESTED_VLLM`; another version
+starts with a warning).
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Mapping
 
 logger = logging.getLogger("swift_fast.vllm_plugin")
 
@@ -151,6 +156,12 @@ def warn_costly_last_state(vllm_config, head) -> None:
 def select_v1_runner() -> None:
     """``VLLM_USE_V2_MODEL_RUNNER=0`` for this process and the ones it starts.
 
+    It stays set: vLLM reads the runner choice from the environment (``VllmConfig.use_v2_model_runner``
+    is a property) in the front end, the engine core and every worker, at start-up and after, so
+    it cannot be restored while the engine lives. A later engine of the same process without a
+    head therefore runs the V1 runner too; set ``VLLM_USE_V2_MODEL_RUNNER=1`` before building it to
+    get V2 back.
+
     NOTE: vLLM caches its environment once an engine core has started in a process
     (``envs.enable_envs_cache``); a second engine built in the same process (RL loops build
     several) would read the stale value, so the cache is cleared after the change.
@@ -189,6 +200,19 @@ def _wrap_engine_args() -> None:
 
     @functools.wraps(orig)
     def create_engine_config(self, *args, **kwargs):
+        from .config import KEY
+
+        extra = getattr(self, "additional_config", None)
+        if isinstance(extra, Mapping) and extra.get(KEY) is not None:
+            # NOTE: before the config is built: vLLM settles async scheduling (off for pipeline
+            # stages on the V1 runner), CUDA graphs and its runner validation in
+            # ``VllmConfig.__post_init__`` for the runner it expects then
+            if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
+                select_v1_runner()
+                from vllm.platforms import current_platform
+
+                if current_platform.is_cuda_alike():
+                    logger.info("swift-fast: using vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
         vllm_config = orig(self, *args, **kwargs)
         prepare_config(vllm_config)
         return vllm_config

@@ -238,8 +238,10 @@ def check_engine(vllm_config: Any, head: SwiftHead) -> None:
             "--enable-dbo / --ubatch-size to serve with a SWIFT head"
         )
     pp = getattr(parallel, "pipeline_parallel_size", 1)
-    if pp and pp > 1:
+    if pp and pp > 1 and getattr(parallel, "distributed_executor_backend", None) == "external_launcher":
         raise HeadError(
-            f"swift-fast needs every layer of the model in one worker; pipeline parallelism "
-            f"(pipeline_parallel_size={pp}) is not supported: use tensor parallelism"
+            f"swift-fast does not support pipeline parallelism (pipeline_parallel_size={pp}) under the "
+            "external_launcher (torchrun) backend: vLLM sends the stages' tensors from inside its model runner "
+            "there, where the head's partial sums cannot travel with them. Use vLLM's multiprocessing or Ray "
+            "backend, or tensor parallelism"
         )

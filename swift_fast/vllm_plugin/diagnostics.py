@@ -9,9 +9,11 @@ import tracemalloc
 
 def plugin_state(worker, trace: bool = False) -> dict:
     """What the plugin holds in one worker: request states vLLM still keeps, how many carry
-    plugin data, the plugin's buffer sizes in bytes, the process's resident memory and CPU time
-    (user + system) and, while ``tracemalloc`` traces (``trace=True`` starts it), the bytes
-    currently allocated by swift-fast's own code."""
+    plugin data, the head's states this worker projects (a pipeline stage: those of its own
+    layers) and how many forwards started from an upstream stage's sums, the plugin's buffer sizes
+    in bytes, the process's resident memory and CPU time (user + system) and, while
+    ``tracemalloc`` traces (``trace=True`` starts it), the bytes currently allocated by
+    swift-fast's own code."""
     import psutil
 
     runner = getattr(worker, "model_runner", worker)
@@ -30,6 +32,8 @@ def plugin_state(worker, trace: bool = False) -> dict:
         "installed": scoring is not None,
         "requests": len(reqs),
         "requests_with_plugin_data": tagged,
+        "states": list(scoring.forward.states) if scoring is not None else [],
+        "pipeline_received": scoring.pipeline.received if scoring is not None and scoring.pipeline else 0,
         "buffer_bytes": buffers,
         "rss_bytes": process.memory_info().rss,
         "cpu_seconds": sum(process.cpu_times()[:2]),

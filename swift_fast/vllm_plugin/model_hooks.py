@@ -28,6 +28,11 @@ the same: the fused add rounds ``hidden + residual`` to the model dtype once, as
 pair does. (Measured on no GPU here: the fusion needs FlashInfer on CUDA; the CPU tests check
 that every state is still read exactly.)
 
+Under pipeline parallelism a worker holds decoder layers ``[start, end)`` (vLLM puts a
+``PPMissingLayer`` in place of the others and of a final norm it does not hold) and hooks only
+the states it produces (:meth:`DecoderParts.owns`): every state belongs to exactly one stage,
+and :mod:`.pipeline` carries the partial sums downstream.
+
 The projection is read at once: fused add-RMSNorm kernels update their residual in place in the
 next norm. All partial projections add into one float32 accumulator ``acc[N, 2]``
 (N = the engine's ``max_num_batched_tokens``) and each layer's weight columns ``W_l[rows, d]``;
@@ -117,10 +122,39 @@ class DecoderParts:
     layers: nn.ModuleList
     norm: nn.Module
     num_layers: int
+    #: decoder layers ``[start, end)`` live in this worker (all of them without pipeline parallelism)
+    start: int = 0
+    end: int = -1
+    #: the final norm lives in this worker (the last pipeline stage)
+    has_norm: bool = True
+
+    def __post_init__(self):
+        if self.end < 0:
+            self.end = self.num_layers
+
+    def owns(self, state: int) -> bool:
+        """Whether hidden state ``state`` (HF numbering) is produced in this worker: state 0 by
+        decoder layer 0, state i (1..L-1) by layer i's input norm, state L by the final norm."""
+        if state == 0:
+            return self.start == 0 < self.end
+        if state < self.num_layers:
+            return self.start <= state < self.end
+        return self.has_norm
+
+
+def _missing(module: nn.Module) -> bool:
+    """vLLM's stand-in for a layer another pipeline stage holds."""
+    try:
+        from vllm.model_executor.models.utils import PPMissingLayer
+    except ImportError:
+        return False
+    return isinstance(module, PPMissingLayer)
 
 
 def decoder_parts(model: nn.Module, architecture: str = "") -> DecoderParts:
-    """The decoder layers and final norm of a vLLM causal LM (``model.model.layers`` / ``.norm``)."""
+    """The decoder layers and final norm of a vLLM causal LM (``model.model.layers`` / ``.norm``),
+    and which of them this worker holds (a pipeline stage holds layers ``[start_layer, end_layer)``;
+    vLLM puts a ``PPMissingLayer`` in place of every other layer and of a norm it does not hold)."""
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     norm = getattr(inner, "norm", None)
@@ -130,11 +164,10 @@ def decoder_parts(model: nn.Module, architecture: str = "") -> DecoderParts:
             f"({type(model).__name__}): it expects model.model.layers and model.model.norm as in vLLM's "
             "Llama, Qwen2, Qwen3 and Mistral implementations"
         )
-    start = getattr(inner, "start_layer", 0)
-    end = getattr(inner, "end_layer", len(layers))
-    if start != 0 or end != len(layers):
-        raise HeadError("swift-fast needs every decoder layer in this worker (pipeline parallelism is not supported)")
-    return DecoderParts(layers=layers, norm=norm, num_layers=len(layers))
+    start = int(getattr(inner, "start_layer", 0))
+    end = int(getattr(inner, "end_layer", len(layers)))
+    return DecoderParts(layers=layers, norm=norm, num_layers=len(layers), start=start, end=end,
+                        has_norm=not _missing(norm))
 
 
 @dataclass
@@ -144,6 +177,8 @@ class ForwardScoring:
     acc: torch.Tensor  # float32 [N, 2]
     bias: torch.Tensor  # float32 [rows]
     modules: list = field(default_factory=list)
+    #: the head's states projected in this worker (a pipeline stage projects those of its own layers)
+    states: list = field(default_factory=list)
 
 
 def install(
@@ -166,15 +201,18 @@ def install(
     w_in = w_norm = None
     w_res: dict[int, torch.Tensor] = {}  # decoder layer index -> columns of the state its input norm returns
     for i, state in enumerate(head.layers):
+        if state > L:
+            raise HeadError(f"head layer {state} does not exist: the model has hidden states 0..{L}")
+        if not parts.owns(state):
+            continue  # another pipeline stage projects it
+        fs.states.append(state)
         w = head.layer_weight(i).detach().to(device=device, dtype=torch.float32).contiguous()
         if state == 0:
             w_in = w
         elif state < L:
             w_res[state] = w
-        elif state == L:
-            w_norm = w
         else:
-            raise HeadError(f"head layer {state} does not exist: the model has hidden states 0..{L}")
+            w_norm = w
     if w_in is not None:
         layer = parts.layers[0]
         _swap_class(layer, _ScoredLayer)

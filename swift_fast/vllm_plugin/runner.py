@@ -45,7 +45,7 @@ import torch
 from ..confidence import token_confidence
 from ..head import ALIGNMENT, SwiftHead
 from ..kernels.streaming import finish_, project_layer_
-from . import model_hooks
+from . import model_hooks, pipeline
 from .config import LAST_STATE, SAR_PASS, SCORE, SKIP, PluginConfig, request_kind, trace_requested
 from .pruning import wants_confidence
 from .sar_worker import SarWorker
@@ -78,18 +78,22 @@ class RunnerScoring:
         self.acc = self.forward.acc
         self.bias = self.forward.bias
         self.state = torch.zeros(self.max_reqs, 3, dtype=torch.float32, device=self.device)
+        # logits (a logit-feature head's input, SAR's log-probs) exist in the last pipeline stage only
+        last = pipeline.is_last_stage(runner.vllm_config)
         self.logit_weight = None
-        if head.feature == "logits":
+        if head.feature == "logits" and last:
             self.logit_weight = head.weight.detach().to(self.device, torch.float32).contiguous()
             # the logits rows of a step (one per request) go through the same accumulator
             if self.acc.shape[0] < self.max_reqs:
                 self.acc = torch.zeros(self.max_reqs, 2, dtype=torch.float32, device=self.device)
         self.slots = Staging(self.acc.shape[0], torch.int32, self.device)
-        self.sar = SarWorker(runner, max_tokens, self.max_reqs) if cfg.sar else None
+        self.sar = SarWorker(runner, max_tokens, self.max_reqs) if cfg.sar and last else None
         self.conf_rows = Staging(self.max_reqs, torch.int64, self.device)
         self._step: _Step | None = None
         self._sampled = None
         self._wrap()
+        # after the runner's own wrappers: a pipeline stage's sums leave after, and enter inside, them
+        self.pipeline = pipeline.install(runner, self.acc, head.feature == "hidden")
 
     # -- wiring ------------------------------------------------------------------------------
     def _wrap(self) -> None:
