@@ -33,7 +33,7 @@ def test_cpu_binding_splits_the_cores():
     assert cpu_binding(2, [0, 1]) == "0|1"
     assert cpu_binding(2, [0, 1, 2, 3]) == "0-1|2-3"
     assert cpu_binding(2, [0, 2, 4, 6]) == "0,2|4,6"
-    with pytest.raises(ValueError, match="needs a core for each engine"):
+    with pytest.raises(ValueError, match="need a core each"):
         cpu_binding(3, [0, 1])
 
 
@@ -64,6 +64,7 @@ def test_bon_on_two_engines_writes_what_one_engine_writes(tmp_path, capsys, monk
     two = tmp_path / "two" / "bon.jsonl"
     bon(two, "--data-parallel-size", "2", "--limit", "2")
     printed = bon(two, "--data-parallel-size", "2")  # resumes: the first two problems are kept
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ, "the binding is the started engines', not the process's"
     assert "(4 problems generated, 2 already there)" in printed
 
     a, b = read_rollouts(one), read_rollouts(two)
@@ -80,7 +81,10 @@ def test_bon_on_two_engines_writes_what_one_engine_writes(tmp_path, capsys, monk
     torch.testing.assert_close(got, ref.swift(head, P, R), rtol=RTOL, atol=ATOL)
 
 
-def test_data_parallel_size_is_refused_where_it_cannot_run(tmp_path, capsys):
-    rc = main(["collect", "--model", "m", "--data", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "o.jsonl"),
-               "--engine", "transformers", "--data-parallel-size", "2"])
-    assert rc == 2 and "runs several vLLM engines" in capsys.readouterr().err
+@pytest.mark.parametrize("flag", ["--data-parallel-size", "--tensor-parallel-size", "--pipeline-parallel-size"])
+def test_parallel_sizes_are_refused_where_they_cannot_run(tmp_path, capsys, flag):
+    args = ["collect", "--model", "m", "--data", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "o.jsonl")]
+    rc = main([*args, "--engine", "transformers", flag, "2"])
+    assert rc == 2 and f"{flag} 2 runs several vLLM workers; the transformers engine" in capsys.readouterr().err
+    rc = main([*args, "--engine", "vllm", flag, "0"])
+    assert rc == 2 and f"{flag} must be at least 1, got 0" in capsys.readouterr().err

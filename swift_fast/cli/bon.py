@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from .collect import add_generation_args, collect_config, data_parallel_kwargs
+from .collect import add_generation_args, collect_config, parallel_kwargs
 
 DESCRIPTION = """\
 Generate N candidates per problem in one vLLM run with a SWIFT head attached (the scores are
@@ -40,6 +40,7 @@ examples:
   swift-fast bon --model M --head H --data test.jsonl --n 8 --vllm max_model_len=4096 --vllm enable_prefix_caching=true
   swift-fast bon --model M --head H --data gsm8k --n 16 --prune
   swift-fast bon --model M --head H --data gsm8k --n 16 --data-parallel-size 2   # two engines
+  swift-fast bon --model M --head H --data gsm8k --n 16 --pipeline-parallel-size 2   # layers over two workers
   swift-fast bon --model M --head H --data gsm8k --n 16 --prune signal=swift,warmup=64,every=64,keep=0.5
 """
 
@@ -143,7 +144,7 @@ def run(args) -> int:
         SwiftHead.load(args.head)
         examples = load_dataset(args.data, kind=args.kind, limit=args.limit)
         extra = vllm_kwargs(args.vllm)
-        extra.update(data_parallel_kwargs(args, "vllm"))
+        extra.update(parallel_kwargs(args, "vllm"))
         section = {"head": args.head, "sar": bool(args.sar)}
         extra.setdefault("additional_config", {})["swift_fast"] = section
         cfg = collect_config(args)

@@ -21,6 +21,7 @@ examples:
   swift-fast collect --model Qwen/Qwen2.5-7B-Instruct --data gsm8k --n 8 --out rollouts.jsonl
   swift-fast collect --model M --data train.jsonl --n 16 --limit 500 --engine transformers --out r.jsonl
   swift-fast collect --model M --data gsm8k --n 8 --out rollouts.jsonl --data-parallel-size 2
+  swift-fast collect --model M --data gsm8k --n 8 --out r.jsonl --tensor-parallel-size 4 --pipeline-parallel-size 2
 """
 
 
@@ -39,7 +40,8 @@ def add_parser(sub, name, help_):
     p.add_argument("--gpu-memory-utilization", type=float,
                    help="vLLM memory share (default 0.9 on a GPU, 0.3 on the CPU where it means host memory)")
     p.add_argument("--enforce-eager", choices=("auto", "yes", "no"), default="auto",
-                   help="vLLM without torch.compile/CUDA graphs (auto: yes on the CPU, no on a GPU)")
+                   help="vLLM without torch.compile/CUDA graphs (auto: no on a GPU or with pipeline stages, "
+                        "yes otherwise on the CPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -60,18 +62,33 @@ def add_generation_args(p, n: int) -> None:
     p.add_argument("--grade-timeout", type=float, default=5.0, help="seconds per math answer before it counts as wrong")
     p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
                    help="vLLM: N engines, each problem sent to the least loaded one (vLLM's data parallelism; "
-                        "on the CPU each engine gets its share of the cores); same output as one engine")
+                        "on the CPU each worker gets its share of the cores); same output as one engine")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="vLLM: split each engine's model over N workers, every layer sharded (for a model that "
+                        "does not fit one device)")
+    p.add_argument("--pipeline-parallel-size", type=int, default=1, metavar="N",
+                   help="vLLM: split each engine's model over N workers, consecutive layers each (on the CPU "
+                        "vLLM runs stages only with torch.compile, so --enforce-eager auto means no)")
 
 
-def data_parallel_kwargs(args, engine: str) -> dict:
-    """The vLLM keyword for ``--data-parallel-size`` (none for one engine); a clear error for a
-    value below 1 or an engine without data parallelism."""
-    n = args.data_parallel_size
-    if n < 1:
-        raise ValueError(f"--data-parallel-size must be at least 1, got {n}")
-    if n > 1 and engine != "vllm":
-        raise ValueError(f"--data-parallel-size {n} runs several vLLM engines; the {engine} engine runs one")
-    return {"data_parallel_size": n} if n > 1 else {}
+#: ``--<flag>`` -> the ``vllm.LLM`` keyword of each parallelism option
+_PARALLEL = {"data-parallel-size": "data_parallel_size", "tensor-parallel-size": "tensor_parallel_size",
+             "pipeline-parallel-size": "pipeline_parallel_size"}
+
+
+def parallel_kwargs(args, engine: str) -> dict:
+    """The vLLM keywords of the parallelism options (none at 1); a clear error for a value below 1
+    or an engine that runs one worker."""
+    out = {}
+    for flag, key in _PARALLEL.items():
+        n = getattr(args, key)
+        if n < 1:
+            raise ValueError(f"--{flag} must be at least 1, got {n}")
+        if n > 1 and engine != "vllm":
+            raise ValueError(f"--{flag} {n} runs several vLLM workers; the {engine} engine runs one process")
+        if n > 1:
+            out[key] = n
+    return out
 
 
 def collect_config(args):
@@ -93,11 +110,11 @@ def run(args) -> int:
         engine_name = args.engine
         if engine_name == "auto":
             engine_name = "vllm" if vllm_available() else "transformers"
-        dp = data_parallel_kwargs(args, engine_name)
+        parallel = parallel_kwargs(args, engine_name)
         examples = load_dataset(args.data, kind=args.kind, limit=args.limit)
         cfg = collect_config(args)
         if engine_name == "vllm":
-            kw = dict(dp)
+            kw = dict(parallel)
             if args.gpu_memory_utilization is not None:
                 kw["gpu_memory_utilization"] = args.gpu_memory_utilization
             if args.enforce_eager != "auto":

