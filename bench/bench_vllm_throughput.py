@@ -24,6 +24,7 @@ The model is a random-weight Llama built locally (``swift_fast.testing``), size 
     python bench/bench_vllm_throughput.py                     # ~100M-parameter Llama, CPU
     python bench/bench_vllm_throughput.py --hidden 512 --layers 8 --rounds 3 --json out.json
     python bench/bench_vllm_throughput.py --tensor-parallel-size 2 --eager     # plugin on/off under TP=2
+    python bench/bench_vllm_throughput.py --pipeline-parallel-size 2           # ... with two pipeline stages
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def engine(args, path: str, config: dict | None):
         kw["block_size"] = args.block_size
     if args.tensor_parallel_size > 1:
         kw["tensor_parallel_size"] = args.tensor_parallel_size
+    if args.pipeline_parallel_size > 1:
+        kw["pipeline_parallel_size"] = args.pipeline_parallel_size
     if config is not None:
         kw["additional_config"] = {"swift_fast": config}
     return LLM(**kw)
@@ -132,6 +135,8 @@ def main(argv=None) -> int:
     p.add_argument("--block-size", type=int, default=None, help="KV block size (default: vLLM's)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="ranks per engine (on the CPU each rank is bound to its share of the cores)")
+    p.add_argument("--pipeline-parallel-size", type=int, default=1,
+                   help="pipeline stages per engine (on the CPU: one core bound to each; needs torch.compile)")
     p.add_argument("--swift-first", action="store_true",
                    help="build the engine with the head first (engine build order can bias a shared CPU)")
     p.add_argument("--kv-gib", type=float, default=1.0, help="KV cache per engine, GiB")
@@ -141,13 +146,11 @@ def main(argv=None) -> int:
 
     import random
 
-    if args.tensor_parallel_size > 1 and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+    if args.pipeline_parallel_size > 1 and args.eager:
         import torch
 
         if not torch.cuda.is_available():
-            from swift_fast.hf.data_parallel import cpu_binding
-
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(args.tensor_parallel_size)
+            p.error("vLLM on the CPU runs pipeline stages only with torch.compile: drop --eager")
     root = args.root or tempfile.mkdtemp(prefix="swift-fast-bench-")
     path, hp, params = build(args, root)
     from transformers import AutoTokenizer
@@ -167,9 +170,13 @@ def main(argv=None) -> int:
     if args.swift_first:
         variants = dict(reversed(list(variants.items())))
     engines = {}
+    from swift_fast.hf.data_parallel import cpu_ranks_bound
+
     for name, cfg in variants.items():
         t = time.perf_counter()
-        engines[name] = engine(args, path, cfg)
+        with cpu_ranks_bound({"tensor_parallel_size": args.tensor_parallel_size,
+                              "pipeline_parallel_size": args.pipeline_parallel_size}):
+            engines[name] = engine(args, path, cfg)
         print(f"[{name}] engine up in {time.perf_counter() - t:.1f}s", flush=True)
     for _name, llm in engines.items():
         timed_round(llm, prompts, args)  # warm-up
@@ -202,7 +209,7 @@ def main(argv=None) -> int:
         "head": f"all {args.layers + 1} hidden states, gated",
         "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.tokens,
         "compile": not args.eager, "rounds": args.rounds, "build_order": list(variants),
-        "tensor_parallel_size": args.tensor_parallel_size,
+        "tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
         "tokens_per_s": times, "median_tokens_per_s": med,
         "swift_over_off": ratio, "slowdown_percent": 100 * (1 - ratio),
         "paired_ratio_median": statistics.median(paired), "paired_ratio_range": [paired[0], paired[-1]],
