@@ -146,9 +146,20 @@ class DataParallelLLM:
 
     def shutdown(self) -> None:
         if self.engine is not None:
+            handler = getattr(self.engine, "output_handler", None)
+            if handler is not None:
+                # NOTE: before the engine cores stop. The handler runs on this object's loop, beside
+                # the caller's thread, and would log the cores' exit as an engine failure while
+                # vLLM waits for their workers (seconds for pipeline stages blocked in a receive).
+                self._run(self._cancel(handler))
             self.engine.shutdown()
             self.engine = None
         self._stop_loop()
+
+    @staticmethod
+    async def _cancel(task) -> None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
     def _stop_loop(self) -> None:
         if self._loop.is_running():
