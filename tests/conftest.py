@@ -40,3 +40,22 @@ def cpu_backend(request):
     prev = st.set_cpu_backend(request.param)
     yield request.param
     st.set_cpu_backend(prev)
+
+
+@pytest.fixture
+def vllm_logs_restored(monkeypatch):
+    """A command run in this process quiets vLLM (``swift_fast.cli.quiet``: environment, logger
+    levels); what it changes is put back after the test."""
+    import logging
+
+    for key in ("VLLM_LOGGING_LEVEL", "PYTHONWARNINGS"):
+        if key in os.environ:
+            monkeypatch.setenv(key, os.environ[key])
+        else:  # recorded as absent, so removed again afterwards
+            monkeypatch.setenv(key, "")
+            monkeypatch.delenv(key)
+    loggers = [logging.getLogger(name) for name in ("vllm", "vllm.triton_utils.importing")]
+    levels = [lg.level for lg in loggers]
+    yield
+    for lg, level in zip(loggers, levels):
+        lg.setLevel(level)

@@ -141,7 +141,7 @@ def test_vllm_info_logs_are_quiet_unless_asked(monkeypatch):
     import logging
     import sys
 
-    from swift_fast.demo.backend import quiet_vllm_logs
+    from swift_fast.cli.quiet import quiet_vllm_logs
 
     monkeypatch.delenv("PYTHONWARNINGS", raising=False)  # restored after the test: quiet_vllm_logs sets it
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")

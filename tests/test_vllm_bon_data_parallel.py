@@ -37,7 +37,7 @@ def test_cpu_binding_splits_the_cores():
         cpu_binding(3, [0, 1])
 
 
-def test_bon_on_two_engines_writes_what_one_engine_writes(tmp_path, capsys, monkeypatch):
+def test_bon_on_two_engines_writes_what_one_engine_writes(tmp_path, capsys, monkeypatch, vllm_logs_restored):
     path = build_tiny_model("qwen2", tmp_path / "qwen2")
     head = make_head(path, layers=[0, 2], seed=9)
     head.alignment = "emitted"  # last-state passes on the candidate's own engine

@@ -137,9 +137,11 @@ def test_pipeline_stages_under_torchrun_are_refused_naming_the_backend(tmp_path)
         check_engine(cfg, head)
 
 
-def test_bon_with_pipeline_stages_scores_exactly(tmp_path, capsys, monkeypatch):
+def test_bon_with_pipeline_stages_scores_exactly(tmp_path, capfd, monkeypatch, vllm_logs_restored):
     """``swift-fast bon --pipeline-parallel-size 2`` on the CPU: the command binds a core to each stage
-    and compiles (vLLM's stages need it there) by itself; every score exact against Hugging Face."""
+    and compiles (vLLM's stages need it there) by itself, and keeps vLLM's INFO logs out of its output
+    (this process's and the engine processes', read at the file descriptors); every score exact
+    against Hugging Face."""
     from test_vllm_bon_data_parallel import QUESTIONS
     from test_vllm_plugin import ATOL, RTOL
 
@@ -161,8 +163,10 @@ def test_bon_with_pipeline_stages_scores_exactly(tmp_path, capsys, monkeypatch):
         "--vllm", "max_model_len=256", "--vllm", f"kv_cache_memory_bytes={512 * KV_BYTES_PER_TOKEN}",
         "--pipeline-parallel-size", "2",
     ])
-    printed = capsys.readouterr()
+    printed = capfd.readouterr()
     assert rc == 0, printed.out + printed.err
+    info = [line for line in (printed.out + printed.err).splitlines() if " INFO " in line]
+    assert not info, info[:5]
     assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ, "the binding is the started engine's, not the process's"
     assert f"({len(QUESTIONS)} problems generated, 0 already there)" in printed.out
     problems = read_rollouts(out)

@@ -135,6 +135,7 @@ def run(args) -> int:
     from ..hf.collect import collect
     from ..pruning import parse_text
     from ..rollouts import read_rollouts
+    from .quiet import quiet_vllm_logs
 
     if args.n < 1:
         print("error: --n must be at least 1", file=sys.stderr)
@@ -152,6 +153,8 @@ def run(args) -> int:
         if prune is not None and args.n < 2:
             raise ValueError("--prune stops the weakest of each problem's candidates: it needs --n 2 or more")
         pruned_out = os.path.splitext(out)[0] + ".pruned.jsonl"
+        if not args.verbose:
+            quiet_vllm_logs()  # before vLLM is imported, for this process and the engine's
         engine = _engine_class()(args.model, dtype=args.dtype, seed=args.seed, **extra)
         try:
             if prune is not None:

@@ -69,6 +69,9 @@ def add_generation_args(p, n: int) -> None:
     p.add_argument("--pipeline-parallel-size", type=int, default=1, metavar="N",
                    help="vLLM: split each engine's model over N workers, consecutive layers each (on the CPU "
                         "vLLM runs stages only with torch.compile, so --enforce-eager auto means no)")
+    p.add_argument("--verbose", action="store_true",
+                   help="vLLM: keep its INFO logs and start-up warnings (default: errors only, unless "
+                        "VLLM_LOGGING_LEVEL is set)")
 
 
 #: ``--<flag>`` -> the ``vllm.LLM`` keyword of each parallelism option
@@ -105,6 +108,7 @@ def run(args) -> int:
     from ..datasets import DataError, load_dataset
     from ..hf.collect import HFEngine, VLLMEngine, collect, vllm_available
     from ..hf.features import UnsupportedModelError
+    from .quiet import quiet_vllm_logs
 
     try:
         engine_name = args.engine
@@ -114,6 +118,8 @@ def run(args) -> int:
         examples = load_dataset(args.data, kind=args.kind, limit=args.limit)
         cfg = collect_config(args)
         if engine_name == "vllm":
+            if not args.verbose:
+                quiet_vllm_logs()  # before vLLM is imported, for this process and the engine's
             kw = dict(parallel)
             if args.gpu_memory_utilization is not None:
                 kw["gpu_memory_utilization"] = args.gpu_memory_utilization

@@ -78,8 +78,8 @@ def run(args) -> int:
         except LabelBalanceError as e:
             raise SystemExit(f"swift-fast demo {args.action}: {e}") from None
         return 0
-    from ..demo.backend import quiet_vllm_logs
     from ..demo.run import run_tasks
+    from .quiet import quiet_vllm_logs
 
     if not args.verbose:
         # this command's own process and the engine it spawns: a library call never does this
