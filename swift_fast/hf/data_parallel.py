@@ -146,22 +146,24 @@ class DataParallelLLM:
 
     def shutdown(self) -> None:
         if self.engine is not None:
-            handler = getattr(self.engine, "output_handler", None)
-            if handler is not None:
-                # NOTE: before the engine cores stop. The handler runs on this object's loop, beside
-                # the caller's thread, and would log the cores' exit as an engine failure while
-                # vLLM waits for their workers (seconds for pipeline stages blocked in a receive).
-                self._run(self._cancel(handler))
+            # NOTE: the engine's tasks (its output handler, the balancer's statistics) run on this
+            # object's loop, beside the caller's thread: stopped first, or the handler logs the
+            # cores' exit as an engine failure while vLLM waits for their workers (seconds for
+            # pipeline stages blocked in a receive), and Python reports the rest as destroyed pending.
+            self._run(self._cancel_tasks())
             self.engine.shutdown()
             self.engine = None
         self._stop_loop()
 
     @staticmethod
-    async def _cancel(task) -> None:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    async def _cancel_tasks() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _stop_loop(self) -> None:
         if self._loop.is_running():
+            self._run(self._cancel_tasks())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
