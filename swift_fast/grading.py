@@ -2,11 +2,14 @@
 
 Kinds of answer:
 
-- ``math``: math-verify, gold first: ``verify(parse(reference), parse(response))``. A
-  ``\\boxed{}`` answer wins over other expressions in the response (the last one; boxes listed
-  together, "\\boxed{3}, \\boxed{5}", are one set of answers to math-verify); plain-text answers
-  ("The answer is 1,000") are read too. Thousands separators (``1,000``, ``1\\,000``) are
-  understood. Used for GSM8K and MATH.
+- ``math``: math-verify, gold first: ``verify(parse(reference), parse(response))``, with the
+  project's rules around it (:mod:`swift_fast.math_judge`): a ``\\boxed{}`` answer wins over
+  other expressions in the response (the last one; boxes listed together, "\\boxed{3},
+  \\boxed{5}", are one set of answers to math-verify); plain-text answers ("The answer is
+  1,000") are read too. Thousands separators (``1,000``, ``1\\,000``) are understood. The
+  stated result of a chain of equalities is its last side ("1320 - 51 = 1321" answers 1321).
+  Placeholders copied from a prompt (``\\boxed{Your Answer}``) and words read as math
+  ("sarah has 17") are no answer. Used for GSM8K and MATH.
 - ``choice``: a letter A-E (AQuA, HellaSwag), read from ``\\boxed{C}``, "The answer is (C)",
   "Answer: C" or a last line such as "C) 12".
 - ``boolean``: yes / no (CoinFlip), read from ``\\boxed{Yes}`` or a Yes/No ending the response.
@@ -20,6 +23,23 @@ The paper's code reads a boxed letter for multiple choice and a boxed Yes/No, th
 ending the response, for booleans; the further fallbacks above (answer phrases, a last line
 "C) ...") are this project's, for models that do not box their answer.
 
+No answer (None) is never correct and is out of every vote.
+
+Truncation. A response that stopped because it hit a limit rather than ending by itself
+(finish reason "length", "abort", or "pruned" by the pruning policy: :data:`CUT_OFF_REASONS`)
+may end inside its answer: "... 2960 * 2 = 59" cut mid-number must not be credited for 59.
+The rule, ``truncation="strict"`` (the default): such a response counts only if it holds a
+complete final answer statement, meaning a closed ``\\boxed{...}`` that is not a placeholder,
+or an answer phrase ("the answer is 12.", "Final answer: 12", "Answer: (C)", "#### 12"; for
+literals "output is ..." and the like) whose value is followed by something (a space, a
+newline, punctuation, a closing ``$`` or bracket). A value at the very end of the text could
+itself be cut ("The answer is 12" may have been "125"), so it does not count; a full stop does
+("The answer is 12." counts). Otherwise the response is wrong with answer None and status
+"truncated" (counted in ``stats["truncated"]``). With a complete statement it is graded as it
+is. ``truncation="lenient"`` grades every response as it is. :func:`cut_off` says whether a
+response counts as truncated under the strict rule. Responses with no finish reason (None)
+are never cut off.
+
 Timeouts. math-verify bounds its own work with ``signal.alarm``, which only works on the main
 thread of the main interpreter. Here those timeouts are always off (``parsing_timeout=None``,
 ``timeout_seconds=None``) and math answers are graded in a few persistent worker processes
@@ -32,59 +52,58 @@ from __future__ import annotations
 
 import ast
 import logging
-import os
 import re
 import sys
 import time
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Sequence
 
 from .definitions import CHOICE_LETTERS, KINDS
+from .math_judge import Judgement, boxed_spans, default_workers, is_placeholder, judge_safe, unwrap_text
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 5.0  # seconds per math answer, math-verify's own default
-STARTUP_TIMEOUT = 120.0  # a worker imports sympy and math-verify (about a second) before its first answer
-CHUNK = 32  # answers handed to a worker at a time; small enough to balance workers, large enough to pipeline
-
-
-def default_workers() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """Outcome of grading one response.
-
-    ``answer`` is the extracted final answer in canonical string form (None when none was
-    found); ``status`` is "ok", "timeout" (the math worker ran past the limit), "crash" (it
-    died) or "error: ..." (an unexpected exception; ``correct`` is False).
-    """
-
-    correct: bool
-    answer: str | None
-    status: str = "ok"
 
 
 # --------------------------------------------------------------------------------------------
 # public API
 
 
-def grade(response: str, reference: Any, kind: str = "math", *, timeout: float | None = DEFAULT_TIMEOUT) -> bool:
-    """Whether ``response`` gives the answer ``reference`` (see the module docstring for kinds)."""
-    return judge_many([response], [reference], kind, timeout=timeout, workers=1)[0].correct
+def grade(
+    response: str,
+    reference: Any,
+    kind: str = "math",
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    finish_reason: str | None = None,
+    truncation: str = "strict",
+) -> bool:
+    """Whether ``response`` gives the answer ``reference`` (see the module docstring for kinds
+    and for the truncation rule that ``finish_reason`` and ``truncation`` select)."""
+    return judge_many(
+        [response], [reference], kind, timeout=timeout, workers=1, finish_reasons=[finish_reason], truncation=truncation
+    )[0].correct
 
 
-def extract_answer(response: str, kind: str = "math", *, timeout: float | None = DEFAULT_TIMEOUT) -> str | None:
+def extract_answer(
+    response: str,
+    kind: str = "math",
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    finish_reason: str | None = None,
+    truncation: str = "strict",
+) -> str | None:
     """The final answer of ``response`` as a canonical, hashable string, or None.
 
     Equal strings mean the same answer (majority vote keys): math answers go through
     math-verify's parse and are put in one form where that is cheap (``\\frac{6}{5}``, ``6/5``
-    and ``1.2`` all give ``"6/5"``; ``1,000`` and ``1000`` give ``"1000"``; ``x = 5`` gives
-    ``"5"``); letters are upper case; booleans are ``"yes"`` / ``"no"``.
+    and ``1.2`` all give ``"6/5"``; ``1,000`` and ``1000`` give ``"1000"``; ``x = 5`` and
+    ``2 + 3 = 5`` give ``"5"``); letters are upper case; booleans are ``"yes"`` / ``"no"``.
+    Placeholders and words read as math give None (:mod:`swift_fast.math_judge`).
     """
-    return extract_many([response], kind, timeout=timeout, workers=1)[0]
+    return extract_many(
+        [response], kind, timeout=timeout, workers=1, finish_reasons=[finish_reason], truncation=truncation
+    )[0]
 
 
 def grade_many(
@@ -95,14 +114,21 @@ def grade_many(
     timeout: float | None = DEFAULT_TIMEOUT,
     workers: int | None = None,
     stats: dict | None = None,
+    finish_reasons: Sequence[str | None] | None = None,
+    truncation: str = "strict",
 ) -> list[bool]:
     """``grade`` over many responses at once, math answers spread over ``workers`` worker processes.
 
-    ``kind`` is one kind for all or one per response. Identical (response, reference, kind)
-    triples are graded once. ``stats`` (a dict) receives counts: "graded", "timeouts",
-    "crashes", "errors", "seconds".
+    ``kind`` is one kind for all or one per response. ``finish_reasons`` is None (no response
+    was cut off) or one per response (``"stop"``, ``"length"``, ...; None where unknown);
+    ``truncation`` is "strict" or "lenient" (module docstring). Identical (response, reference,
+    kind) triples are graded once. ``stats`` (a dict) receives counts: "graded", "truncated",
+    "timeouts", "crashes", "errors", "seconds".
     """
-    return [j.correct for j in _batch("grade", responses, references, kind, timeout, workers, stats)]
+    return [
+        j.correct
+        for j in _batch("grade", responses, references, kind, timeout, workers, stats, finish_reasons, truncation)
+    ]
 
 
 def extract_many(
@@ -112,9 +138,13 @@ def extract_many(
     timeout: float | None = DEFAULT_TIMEOUT,
     workers: int | None = None,
     stats: dict | None = None,
+    finish_reasons: Sequence[str | None] | None = None,
+    truncation: str = "strict",
 ) -> list[str | None]:
-    """``extract_answer`` over many responses at once."""
-    return [j.answer for j in _batch("extract", responses, None, kind, timeout, workers, stats)]
+    """``extract_answer`` over many responses at once (arguments as for :func:`grade_many`)."""
+    return [
+        j.answer for j in _batch("extract", responses, None, kind, timeout, workers, stats, finish_reasons, truncation)
+    ]
 
 
 def judge_many(
@@ -125,9 +155,13 @@ def judge_many(
     timeout: float | None = DEFAULT_TIMEOUT,
     workers: int | None = None,
     stats: dict | None = None,
+    finish_reasons: Sequence[str | None] | None = None,
+    truncation: str = "strict",
 ) -> list[Judgement]:
-    """Correctness and extracted answer of each response in one pass (math answers are parsed once)."""
-    return _batch("judge", responses, references, kind, timeout, workers, stats)
+    """Correctness and extracted answer of each response in one pass (math answers are parsed
+    once); arguments as for :func:`grade_many`. A response the truncation rule rejects gets
+    ``Judgement(False, None, "truncated")``."""
+    return _batch("judge", responses, references, kind, timeout, workers, stats, finish_reasons, truncation)
 
 
 def warm_up(workers: int | None = None) -> None:
@@ -142,6 +176,88 @@ def shutdown() -> None:
     workers = sys.modules.get(f"{__package__}.math_workers")  # never started: nothing to stop
     if workers is not None:
         workers.shutdown()
+
+
+# --------------------------------------------------------------------------------------------
+# truncation
+
+TRUNCATION_RULES = ("strict", "lenient")
+# Finish reasons of a response that did not end by itself: vLLM's "length" (max_tokens) and
+# "abort", the pruning policy's "pruned" (stopped early by its score).
+CUT_OFF_REASONS = frozenset({"length", "pruned", "abort"})
+
+_ANSWER_PHRASE = re.compile(
+    r"(?i:\banswer\b)[*_\s]*(?:(?i:is|would be|will be|should be)\b[\s*_]*:?|[:：=])|####"
+    r"|(?i:\bfinal answer\b)[^\n.]{0,50}?\b(?i:is)\b[\s*_]*:?"
+)
+_LITERAL_PHRASE = re.compile(r"(?i:\b(?:answer|output|result))\s*(?:(?i:is)\b\s*:*|:|=)")
+_VALUE_OPENER = re.compile(r"[\s*_]*(?:\\\(|\\\[|\$\$?|\(|\[)?[\s*_]*")
+_VALUE_START = {
+    "math": re.compile(r"[-+−]?(?:\d|\.\d|\\[A-Za-z$])"),
+    "choice": re.compile(rf"[{CHOICE_LETTERS}{CHOICE_LETTERS.lower()}](?![A-Za-z])"),
+    "boolean": re.compile(r"(?i:yes|no|true|false)(?![A-Za-z])"),
+}
+
+
+_CONTINUES = re.compile(r"\s*(?:[-+*/×÷=^·<>]|\\(?:cdot|times|div)(?![A-Za-z])|x(?=\s))\s*")
+
+
+def _value_ends(text: str, start: int, kind: str) -> bool:
+    """Whether an answer phrase ending at ``start`` is followed by a value and then by something
+    that shows the value ended (a space, a newline, punctuation, a closing ``$`` or bracket). A
+    value that goes on with an operator or "=" ("1320 - 51 = 1321") ends where its last side does."""
+    i = _VALUE_OPENER.match(text, start).end()
+    if not _VALUE_START[kind].match(text, i):
+        return False
+    n = len(text)
+    while True:
+        j, depth = i, 0
+        while j < n:
+            c = text[j]
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif depth == 0:
+                if c.isspace() or c in "$;!?)]*=":
+                    break
+                # "12.5" and "1,000" go on; "12." and "12, ..." end the value.
+                if c in ".," and not (j + 1 < n and text[j + 1].isdigit()):
+                    break
+            j += 1
+        if depth or j == i or j >= n:
+            return False
+        more = _CONTINUES.match(text, j) if kind == "math" else None
+        if more is None:
+            return True
+        i = more.end()
+
+
+def has_final_statement(text: str, kind: str = "math") -> bool:
+    """Whether ``text`` holds a complete final answer statement: a closed ``\\boxed{...}`` that is
+    not a placeholder, or an answer phrase ("the answer is X", "final answer: X", "Answer: (C)",
+    "#### X"; for literals also "output is X", "result = X") whose value is followed by
+    something, so it cannot have been cut mid-value."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown answer kind {kind!r}; expected one of {', '.join(KINDS)}")
+    for _, end, content in boxed_spans(text):
+        braced = text[end - 1] == "}"
+        if (braced or end < len(text)) and not is_placeholder(content):
+            return True
+    if kind == "literal":
+        return any(re.match(r"\s*\S[^\n]*\n", text[m.end() :]) for m in _LITERAL_PHRASE.finditer(text))
+    return any(_value_ends(text, m.end(), kind) for m in _ANSWER_PHRASE.finditer(text))
+
+
+def cut_off(text: str, finish_reason: str | None, kind: str = "math") -> bool:
+    """Whether a response counts as truncated under the strict rule: it stopped for a reason in
+    :data:`CUT_OFF_REASONS` and holds no complete final answer statement
+    (:func:`has_final_statement`)."""
+    if finish_reason is not None and not isinstance(finish_reason, str):
+        raise TypeError(f"finish_reason must be a str or None, got {type(finish_reason).__name__}")
+    return finish_reason in CUT_OFF_REASONS and not has_final_statement(text, kind)
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,7 +280,7 @@ def _check_text(x, what: str, i: int) -> str:
     return x
 
 
-def _batch(op, responses, references, kind, timeout, workers, stats) -> list[Judgement]:
+def _batch(op, responses, references, kind, timeout, workers, stats, finish_reasons, truncation) -> list[Judgement]:
     t0 = time.perf_counter()
     if isinstance(responses, str):
         raise TypeError("responses must be a sequence of strings; for a single response use grade()/extract_answer()")
@@ -182,14 +298,25 @@ def _batch(op, responses, references, kind, timeout, workers, stats) -> list[Jud
     workers = default_workers() if workers is None else int(workers)
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
+    reasons = _finish_reasons(finish_reasons, n)
+    if truncation not in TRUNCATION_RULES:
+        raise ValueError(
+            f"truncation must be 'strict' (a cut-off response without a complete final answer statement is wrong) "
+            f"or 'lenient' (grade the text as it is), got {truncation!r}"
+        )
+    strict = truncation == "strict"
 
     out: list[Judgement | None] = [None] * n
     math_items: dict[tuple, list[int]] = {}
-    for i, (r, ref, k) in enumerate(zip(responses, references, kinds)):
+    truncated = 0
+    for i, (r, ref, k, why) in enumerate(zip(responses, references, kinds, reasons)):
         _check_text(r, "response", i)
         if op != "extract":
             ref = _reference(ref, k, i)
-        if k == "math":
+        if strict and cut_off(r, why, k):
+            out[i] = Judgement(False, None, "truncated")
+            truncated += 1
+        elif k == "math":
             math_items.setdefault((r, ref), []).append(i)
         else:
             out[i] = _judge_text(op, k, r, ref)
@@ -217,10 +344,25 @@ def _batch(op, responses, references, kind, timeout, workers, stats) -> list[Jud
             )
     if stats is not None:
         stats["graded"] = stats.get("graded", 0) + n
+        stats["truncated"] = stats.get("truncated", 0) + truncated
         for k, v in counts.items():
             stats[k] = stats.get(k, 0) + v
         stats["seconds"] = stats.get("seconds", 0.0) + time.perf_counter() - t0
     return out  # type: ignore[return-value]
+
+
+def _finish_reasons(finish_reasons, n: int) -> list[str | None]:
+    if finish_reasons is None:
+        return [None] * n
+    if isinstance(finish_reasons, str):
+        raise TypeError("finish_reasons must be a sequence with one finish reason per response (or None), not a str")
+    reasons = list(finish_reasons)
+    if len(reasons) != n:
+        raise ValueError(f"got {len(reasons)} finish reasons for {n} responses; pass one per response or None")
+    for i, why in enumerate(reasons):
+        if why is not None and not isinstance(why, str):
+            raise TypeError(f"finish reason {i} must be a str or None, got {type(why).__name__}")
+    return reasons
 
 
 def _reference(ref, kind: str, i: int):
@@ -254,39 +396,11 @@ def _reference(ref, kind: str, i: int):
 
 
 def boxed_contents(text: str) -> list[str]:
-    """Contents of every ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces allowed) and of the
+    """Contents of every closed ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces allowed) and of the
     brace-less form ``\\boxed 5``, in order of appearance."""
-    out = []
-    for m in re.finditer(r"\\(?:boxed|fbox)(?![A-Za-z])\s*(\{)?", text):
-        if m.group(1):
-            depth, i = 1, m.end()
-            while i < len(text) and depth:
-                c = text[i]
-                if c == "\\" and i + 1 < len(text):
-                    # An escaped brace still opens/closes in LaTeX's eyes only as a literal; skip it.
-                    i += 2
-                    continue
-                depth += (c == "{") - (c == "}")
-                i += 1
-            if depth == 0:
-                out.append(text[m.end() : i - 1])
-        else:
-            t = re.match(r"\s*([^\s$\\{}]+)", text[m.end() :])
-            if t:
-                out.append(t.group(1))
-    return out
+    return [content for _, _, content in boxed_spans(text)]
 
 
-_WRAPPERS = re.compile(
-    r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}"
-)
-
-
-def _unwrap(s: str) -> str:
-    prev = None
-    while prev != s:
-        prev, s = s, _WRAPPERS.sub(r"\1", s)
-    return s.replace("$", "").replace("*", "").strip()
 
 
 _LETTER = re.compile(rf"^[\s(\[{{]*([{CHOICE_LETTERS}])(?:[\s).\]:,}}]|$)", re.IGNORECASE)
@@ -299,7 +413,7 @@ _CHOICE_LAST_LINE = re.compile(rf"^(?:[(\[]([{CHOICE_LETTERS}])[)\]]|([{CHOICE_L
 
 
 def _letter_of(s: str) -> str | None:
-    m = _LETTER.match(_unwrap(s))
+    m = _LETTER.match(unwrap_text(s))
     return m.group(1).upper() if m else None
 
 
@@ -322,7 +436,7 @@ def extract_choice(response: str) -> str | None:
 
 
 def _yes_no(s: str) -> str | None:
-    w = _unwrap(s).strip(" \t\n.!?,;:'\"_").lower()
+    w = unwrap_text(s).strip(" \t\n.!?,;:'\"_").lower()
     if w in ("yes", "true"):
         return "yes"
     if w in ("no", "false"):
@@ -438,91 +552,12 @@ def _judge_text(op: str, kind: str, response: str, ref) -> Judgement:
 
 
 # --------------------------------------------------------------------------------------------
-# math rules (run inside the worker processes, or in-process with timeout=None)
-
-_MV = None
-
-
-def _math_verify():
-    """math-verify with its signal-based timeouts off (they are enforced by the caller)."""
-    global _MV
-    if _MV is None:
-        import math_verify
-        from math_verify import ExprExtractionConfig, LatexExtractionConfig
-
-        # With timeouts off, math-verify warns once that the caller must bound the time itself:
-        # that is what this module does.
-        for name in ("math_verify.parser", "math_verify.grader"):
-            logging.getLogger(name).addFilter(lambda r: "Timeout is disabled" not in r.getMessage())
-        pred_cfg = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-        gold_cfg = [LatexExtractionConfig(), ExprExtractionConfig()]
-        _MV = (math_verify, pred_cfg, gold_cfg)
-    return _MV
-
-
-_THOUSANDS_PLAIN = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-# "1\,000" and "1\!000": LaTeX thin-space thousands separators that math-verify reads as two numbers.
-_THOUSANDS_LATEX = re.compile(r"(?<=\d)\\[,!](?=\d{3}(?!\d))")
-
-
-@lru_cache(maxsize=8192)
-def _parse_gold(reference: str):
-    mv, _, gold_cfg = _math_verify()
-    s = reference.strip()
-    if _THOUSANDS_PLAIN.fullmatch(s):
-        s = s.replace(",", "")
-    if "\\boxed" not in s and not s.startswith("$"):
-        s = f"${s}$"
-    return mv.parse(s, gold_cfg, parsing_timeout=None)
-
-
-def _parse_pred(response: str):
-    mv, pred_cfg, _ = _math_verify()
-    return mv.parse(_THOUSANDS_LATEX.sub("", response), pred_cfg, parsing_timeout=None)
-
-
-def _math_key(parsed) -> str | None:
-    if not parsed:
-        return None
-    e = parsed[0]
-    if isinstance(e, str):
-        return e.strip() or None
-    import sympy
-
-    try:
-        if isinstance(e, sympy.Eq) and isinstance(e.lhs, sympy.Symbol):
-            e = e.rhs  # "x = 5" answers 5
-        if isinstance(e, sympy.Basic) and e.is_number:
-            if e.has(sympy.Float):
-                e = sympy.nsimplify(e, rational=True)
-            if not e.is_Rational:
-                e = sympy.simplify(e)
-    except Exception:  # canonical form is best effort; the parsed form stands
-        pass
-    return str(e)
-
-
-def _judge_math(op: str, response: str, reference: str | None) -> tuple[bool, str | None]:
-    mv = _math_verify()[0]
-    pred = _parse_pred(response)
-    correct = False
-    if op != "extract":
-        gold = _parse_gold(reference)
-        correct = bool(gold) and bool(pred) and bool(mv.verify(gold, pred, timeout_seconds=None))
-    answer = _math_key(pred) if op != "grade" else None
-    return correct, answer
-
-
-def _judge_math_safe(op, response, reference) -> Judgement:
-    try:
-        return Judgement(*_judge_math(op, response, reference))
-    except Exception as e:  # one bad answer must not stop a batch
-        return Judgement(False, None, f"error: {type(e).__name__}: {str(e)[:200]}")
+# math answers (rules in swift_fast.math_judge)
 
 
 def _run_math(op: str, items: list[tuple[str, str | None]], timeout: float | None, workers: int) -> list[Judgement]:
     if timeout is None:
-        return [_judge_math_safe(op, r, ref) for r, ref in items]
+        return [judge_safe(op, r, ref) for r, ref in items]
     from . import math_workers
 
     return math_workers.run(op, items, timeout, workers)

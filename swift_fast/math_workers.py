@@ -1,15 +1,17 @@
 """Math grading in persistent worker processes, each answer under a deadline.
 
 math-verify bounds its own work with ``signal.alarm``, which works only on the main thread of
-the main interpreter, so :mod:`swift_fast.grading` turns those timeouts off and grades math
-answers here instead: a few persistent worker processes, started with ``subprocess`` rather
-than ``multiprocessing`` (so grading also works inside daemonic ``multiprocessing`` workers,
-which may not have children, and from any thread). A result later than ``timeout`` seconds
-counts as wrong (no answer), and its worker is killed and replaced.
+the main interpreter, so :mod:`swift_fast.math_judge` turns those timeouts off and
+:mod:`swift_fast.grading` grades math answers here instead: a few persistent worker
+processes, started with ``subprocess`` rather than ``multiprocessing`` (so grading also works
+inside daemonic ``multiprocessing`` workers, which may not have children, and from any
+thread). A result later than ``timeout`` seconds counts as wrong (no answer), and its worker
+is killed and replaced.
 
 Kept apart from :mod:`swift_fast.grading` because importing it registers process-wide fork and
 exit handlers (a forked child forgets its parent's workers; exit stops them): only code that
-grades math with a deadline imports it.
+grades math with a deadline imports it. It judges with :mod:`swift_fast.math_judge` and never
+imports :mod:`swift_fast.grading`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .grading import CHUNK, STARTUP_TIMEOUT, Judgement, _judge_math_safe, _math_verify, _parse_pred, default_workers
+from .math_judge import Judgement, default_workers, judge_safe, math_verify_setup, parse_pred
+
+STARTUP_TIMEOUT = 120.0  # a worker imports sympy and math-verify (about a second) before its first answer
+CHUNK = 32  # answers handed to a worker at a time; small enough to balance workers, large enough to pipeline
 
 
 def serve() -> None:
@@ -41,13 +46,13 @@ def serve() -> None:
         os._exit(0)
 
     threading.Thread(target=watch_parent, daemon=True).start()
-    _math_verify()
-    _parse_pred("\\boxed{\\frac{1}{2}}")  # first parse builds math-verify's regexes and antlr parser
+    math_verify_setup()
+    parse_pred("\\boxed{\\frac{1}{2}}")  # first parse builds math-verify's regexes and antlr parser
     proto.write(b'"ready"\n')
     proto.flush()
     for line in sys.stdin.buffer:
         op, response, reference = json.loads(line)
-        j = _judge_math_safe(op, response, reference)
+        j = judge_safe(op, response, reference)
         proto.write(json.dumps([j.status, j.correct, j.answer]).encode() + b"\n")
         proto.flush()
 

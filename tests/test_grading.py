@@ -9,7 +9,16 @@ import pytest
 
 from swift_fast import math_workers
 from swift_fast.datasets import load_dataset
-from swift_fast.grading import extract_answer, extract_many, grade, grade_many, judge_many
+from swift_fast.grading import (
+    CUT_OFF_REASONS,
+    cut_off,
+    extract_answer,
+    extract_many,
+    grade,
+    grade_many,
+    has_final_statement,
+    judge_many,
+)
 
 # sympy spends minutes on this power (with little memory): a stand-in for any hung comparison.
 PATHOLOGICAL = r"So the answer is $\boxed{10^{10^{8}}}$."
@@ -310,6 +319,105 @@ def test_a_worker_that_dies_is_counted_and_replaced():
     assert stats["crashes"] == 1
 
 
+# ---- what counts as an answer: chains, placeholders, words -----------------------------------------
+
+
+def test_chain_keys_vote_with_their_last_side():
+    # Written as the model wrote them; all state 1321, none states 1269.
+    same = [
+        "So the final answer, which is 1320 - 51 = 1321.",
+        r"\boxed{1320 - 51 = 1321}",
+        r"$1320 - 51 = 1300 + 21 = 1321$",
+        r"\boxed{1,321}",
+        "The answer is 1321.",
+    ]
+    assert extract_many(same) == ["1321"] * len(same)
+    assert extract_many(same, timeout=None) == ["1321"] * len(same)
+    assert grade_many(same, ["1269"] * len(same)) == [False] * len(same)
+
+
+def test_non_answers_are_out_of_the_vote():
+    texts = [r"\boxed{Your Answer}", r"\boxed{answer}", r"\boxed{\ldots}", r"\boxed{Sara has 17}", r"\boxed{}"]
+    assert extract_many(texts) == [None] * len(texts)
+    js = judge_many(texts, ["17"] * len(texts))
+    assert [(j.correct, j.answer, j.status) for j in js] == [(False, None, "ok")] * len(texts)
+    # a word is a text answer without a reference, and no value where a number is asked
+    assert extract_answer(r"\boxed{Evelyn}") == extract_answer(r"\boxed{\text{Evelyn}}") == "evelyn"
+    assert judge_many([r"\boxed{Evelyn}", r"\boxed{2x}"], ["17", "17"])[0].answer is None
+    assert judge_many([r"\boxed{2x}"], ["17"])[0].answer is None
+    assert judge_many([r"\boxed{2x}"], ["2x"])[0] == judge_many([r"\boxed{2 x}"], ["2x"])[0]
+
+
+# ---- truncation ------------------------------------------------------------------------------------
+
+
+def test_cut_off_rule():
+    assert CUT_OFF_REASONS == {"length", "pruned", "abort"}
+    for why in ("length", "pruned", "abort"):
+        assert cut_off("2960 * 2 = 59", why)
+    for why in ("stop", None, "error"):
+        assert not cut_off("2960 * 2 = 59", why)
+    complete = [r"\boxed{12} and then 3 * 4 = 1", "The answer is 12.", "Final answer: 12\n", "**Answer:** $12$",
+                "#### 12\n", "So the final answer, which is 1320 - 51 = 1321."]
+    incomplete = ["The answer is 12", r"The answer is \boxed{12", "The answer is 1320 - 51 = 13", "The answer is",
+                  r"The answer is \frac{1}{2", "The answer is 12.5", r"\boxed{Your Answer} 12 + 3 = 15"]
+    assert [has_final_statement(t) for t in complete] == [True] * len(complete)
+    assert [has_final_statement(t) for t in incomplete] == [False] * len(incomplete)
+    assert has_final_statement("The answer is (C)", "choice") and not has_final_statement("The answer is (C", "choice")
+    # a lone letter ends a choice statement only with something after it; for math it is no value at all
+    assert not has_final_statement("The answer is a bit long, 12.")
+
+
+def test_truncation_in_batches_and_stats():
+    texts = ["2960 * 2 = 59", "2960 * 2 = 59", r"\boxed{59} wait, 2960 * 2 = 5", "The answer is (B", "The answer is (B"]
+    refs = ["59", "59", "59", "B", "B"]
+    kinds = ["math", "math", "math", "choice", "choice"]
+    why = ["length", "stop", "length", "length", None]
+    stats = {}
+    js = judge_many(texts, refs, kinds, finish_reasons=why, stats=stats)
+    assert [(j.correct, j.answer, j.status) for j in js] == [
+        (False, None, "truncated"), (True, "59", "ok"), (True, "59", "ok"),
+        (False, None, "truncated"), (True, "B", "ok"),
+    ]
+    assert stats["truncated"] == 2 and stats["graded"] == 5 and stats["errors"] == 0
+    assert grade_many(texts, refs, kinds, finish_reasons=why, truncation="lenient") == [True, True, True, True, True]
+    assert extract_many(texts, kinds, finish_reasons=why) == [None, "59", "59", None, "B"]
+    assert not grade("2960 * 2 = 59", "59", finish_reason="length")
+    assert grade("2960 * 2 = 59", "59", finish_reason="length", truncation="lenient")
+    assert extract_answer("2960 * 2 = 59", finish_reason="length") is None
+    # the same text with and without a cut is graded apart (not merged by the dedup of identical answers)
+    assert grade_many(["5 + 7 = 12"] * 2, ["12"] * 2, finish_reasons=["length", "stop"], timeout=None) == [False, True]
+
+
+def test_regrade_and_collect_apply_the_rule():
+    from swift_fast.cli.eval import regrade
+    from swift_fast.datasets import Example
+    from swift_fast.hf.collect import grade_candidates
+    from swift_fast.rollouts import Problem
+
+    def cands():
+        return [
+            {"text": "Both weeks: 2960 * 2 = 59", "finish_reason": "length"},
+            {"text": r"So \boxed{59}.", "finish_reason": "length"},
+            {"text": "Both weeks: 2960 * 2 = 59", "finish_reason": "stop"},
+            {"text": "Both weeks: 2960 * 2 = 59"},
+        ]
+
+    problems = [Problem(id="p", candidates=cands(), reference="59", kind="math")]
+    stats = regrade(problems)
+    assert [(c["correct"], c["answer"]) for c in problems[0].candidates] == [
+        (False, None), (True, "59"), (True, "59"), (True, "59"),
+    ]
+    assert stats["truncated"] == 1
+    lenient = [Problem(id="p", candidates=cands(), reference="59", kind="math")]
+    assert regrade(lenient, truncation="lenient")["truncated"] == 0
+    assert all(c["correct"] for c in lenient[0].candidates)
+
+    rolled = [cands()]
+    grade_candidates(rolled, [Example(id="d/0", question="q", reference="59", kind="math", dataset="d")], timeout=5.0)
+    assert [(c["correct"], c["answer"]) for c in rolled[0]] == [(False, None), (True, "59"), (True, "59"), (True, "59")]
+
+
 # ---- bad input -------------------------------------------------------------------------------------
 
 
@@ -330,4 +438,12 @@ def test_bad_arguments_are_explained():
         grade(None, "1")
     with pytest.raises(TypeError, match="sequence of strings"):
         grade_many("1", ["1"])
+    with pytest.raises(ValueError, match="truncation must be 'strict'.*or 'lenient'.*got 'loose'"):
+        grade("1", "1", truncation="loose")
+    with pytest.raises(ValueError, match="1 finish reasons for 2 responses"):
+        grade_many(["1", "2"], ["1", "2"], finish_reasons=["stop"])
+    with pytest.raises(TypeError, match="one finish reason per response"):
+        grade_many(["1"], ["1"], finish_reasons="length")
+    with pytest.raises(TypeError, match="finish reason 0 must be a str or None, got int"):
+        grade_many(["1"], ["1"], finish_reasons=[1])
 
