@@ -27,7 +27,14 @@ problem-wise ones batch whole problems, up to ``batch_size`` candidates (one pro
 
 Before the first epoch ``check_label_balance`` refuses splits whose labels cannot teach the loss
 (``LabelBalanceError``): every entry point (``train_head``, ``swift_fast.hf.train_from_rollouts``,
-``swift-fast train``, ``swift-fast demo build``) goes through it.
+``swift-fast train``, ``swift-fast demo build``) goes through it. Data that can teach, but little
+(under 10% correct or over 90%, or fewer than 10 of a kind), gets a ``LabelShareWarning`` with its
+counts (``label_share_warning``).
+
+After training, ``free_baselines`` sets the head beside what needs no training, on the same
+validation candidates: the response length (in the direction the validation data favours) and
+the model's mean log-prob of the response, with a paired bootstrap over problems of the AUC
+difference between the head and the better of the two.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from __future__ import annotations
 import copy
 import math
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -174,27 +182,71 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def selection_metrics(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> dict:
-    """Per-candidate accuracy (``R > 0`` as the prediction), AUC, and per problem: Best-of-N
-    accuracy (highest score, ties to the lowest index), pass@N (oracle) and the mean correctness
-    (what a random pick gets)."""
+def bon_outcomes(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Per problem (in sorted order of ``groups``), float64 ``[P]``: 1.0 when the candidate with the
+    highest score is correct. Ties go to the lowest index, NaN scores never win."""
     s = torch.as_tensor(scores).detach().double()
     y = torch.as_tensor(labels).bool()
-    bon, oracle, mean = [], [], []
+    out = []
     for idx in _group_ids(groups):
-        best = int(torch.argmax(torch.nan_to_num(s[idx], nan=-math.inf)))
-        bon.append(float(y[idx][best]))
+        best = int(torch.argmax(torch.nan_to_num(s[idx], nan=-math.inf)))  # first of the maxima
+        out.append(float(y[idx][best]))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def _ratio(num: int, den: int) -> float:
+    return num / den if den else float("nan")
+
+
+def selection_metrics(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> dict:
+    """Per candidate, with ``R > 0`` predicting "correct": ``balanced_accuracy`` (mean of the true
+    positive and true negative rates), ``precision`` and ``recall`` of "correct", ``accuracy``
+    beside ``majority_class_share`` (the accuracy of always predicting the commoner label, which
+    plain accuracy must beat to mean anything); ``auc``. Per problem: Best-of-N accuracy (highest
+    score, ties to the lowest index), pass@N (oracle) and the mean correctness (what a random pick
+    gets). A figure without the candidates it needs (a class absent, no positive prediction) is NaN."""
+    s = torch.as_tensor(scores).detach().double()
+    y = torch.as_tensor(labels).bool()
+    oracle, mean = [], []
+    for idx in _group_ids(groups):
         oracle.append(float(y[idx].any()))
         mean.append(float(y[idx].double().mean()))
+    bon = bon_outcomes(s, y, groups)
+    pred = s > 0
+    tp, fp = int((pred & y).sum()), int((pred & ~y).sum())
+    fn, tn = int((~pred & y).sum()), int((~pred & ~y).sum())
+    n_pos, n_neg = tp + fn, fp + tn
     return {
-        "accuracy": float(((s > 0) == y).double().mean()) if len(s) else float("nan"),
+        "balanced_accuracy": (_ratio(tp, n_pos) + _ratio(tn, n_neg)) / 2,
+        "precision": _ratio(tp, tp + fp),
+        "recall": _ratio(tp, n_pos),
+        "accuracy": _ratio(tp + tn, len(s)),
+        "majority_class_share": _ratio(max(n_pos, n_neg), len(s)),
         "auc": auc(s, y),
-        "bon": sum(bon) / max(1, len(bon)),
+        "bon": float(bon.mean()) if len(bon) else 0.0,
         "oracle": sum(oracle) / max(1, len(oracle)),
         "random": sum(mean) / max(1, len(mean)),
         "problems": len(bon),
         "candidates": int(len(s)),
     }
+
+
+def weighted_auc(scores: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """AUC with candidate ``i`` counted ``weights[r, i]`` times, for each row ``r`` of ``weights``
+    ``[R, N]`` (a bootstrap resample of problems gives each candidate its problem's count); float64
+    ``[R]``, NaN where a row weighs no positive or no negative. Ties count one half, as in ``auc``."""
+    s = torch.as_tensor(scores, dtype=torch.float64).flatten()
+    y = torch.as_tensor(labels).bool().flatten()
+    w = torch.as_tensor(weights, dtype=torch.float64).reshape(-1, len(s))
+    _, level = torch.unique(s, sorted=True, return_inverse=True)  # tie group, in ascending score order
+    n_levels = int(level.max()) + 1 if len(s) else 0
+    neg = w * (~y)
+    pos = w * y
+    neg_at = torch.zeros(w.shape[0], n_levels, dtype=torch.float64).index_add_(1, level, neg)
+    below = neg_at.cumsum(1) - neg_at
+    wins = (pos * (below[:, level] + 0.5 * neg_at[:, level])).sum(1)
+    den = pos.sum(1) * neg.sum(1)
+    return torch.where(den > 0, wins / den.clamp(min=1e-300), torch.full_like(den, float("nan")))
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -203,7 +255,9 @@ class FeatureSource(Protocol):
 
     Optional attributes read for the progress output: ``recomputes`` (True when every call
     computes its features afresh, so every epoch costs as much as the first) and
-    ``progress_note`` (a sentence shown once above the progress bar, or None).
+    ``progress_note`` (a sentence shown once above the progress bar, or None). Optional method
+    ``mean_logprobs(keys)``: float64 ``[len(keys)]``, the model's mean log-prob of each response
+    (NaN where unknown), the baseline ``free_baselines`` sets beside the head.
     """
 
     def features(self, keys: Sequence[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -231,6 +285,8 @@ class TrainResult:
     train_metrics: dict = field(default_factory=dict)
     #: ``check_label_balance`` of the splits: ``{"train": counts, "val": counts}``
     labels: dict = field(default_factory=dict)
+    #: ``free_baselines`` of the best epoch's validation scores: the head beside length and log-prob
+    baselines: dict = field(default_factory=dict)
 
 
 # -- label balance ---------------------------------------------------------------------------
@@ -366,6 +422,228 @@ def check_label_balance(train: Sequence[Example], val: Sequence[Example], loss: 
     return balance
 
 
+# -- little data -----------------------------------------------------------------------------
+class LabelShareWarning(UserWarning):
+    """Data that can teach a head, but little: few correct (or few incorrect) candidates."""
+
+
+#: below this share of correct candidates (or above one minus it) the data teaches little
+LOW_SHARE = 0.10
+#: fewer candidates than this of one kind teach little, whatever their share
+MIN_OF_A_KIND = 10
+
+
+def whole_balance(balance: dict) -> dict:
+    """The counts of all data from ``check_label_balance``'s ``{"train": ..., "val": ...}`` (no
+    problem straddles the split, so every count adds up)."""
+    return {k: balance["train"][k] + balance["val"][k] for k in balance["train"]}
+
+
+def label_share_warning(b: dict) -> str | None:
+    """A sentence with the counts when the data ``b`` (``label_balance`` counts) has under 10% (or
+    over 90%) correct candidates, or fewer than 10 of a kind; None when it has enough of both."""
+    n, pos, neg = b["candidates"], b["correct"], b["incorrect"]
+    if not n:
+        return None
+    share = pos / n
+    with_pos = b["problems_with_both"] + b["problems_all_correct"]
+    with_neg = b["problems_with_both"] + b["problems_all_incorrect"]
+    problems = b["problems"]
+    counts = f"{pos} of {n} candidates are correct ({100 * share:.1f}%)"
+    if share < LOW_SHARE:
+        return (
+            f"{counts}, in {with_pos} of {problems} problems: the head has little to learn from; collect at a "
+            "lower temperature, with easier problems or more candidates"
+        )
+    if share > 1 - LOW_SHARE:
+        return (
+            f"{counts}; {neg} incorrect, in {with_neg} of {problems} problems: the head has little to learn "
+            "from; collect at a higher temperature, with harder problems or more candidates"
+        )
+    if min(pos, neg) < MIN_OF_A_KIND:
+        return (
+            f"{counts}, in {with_pos} of {problems} problems; {neg} incorrect, in {with_neg}: too few of a kind, "
+            "the head has little to learn from; collect more problems or more candidates"
+        )
+    return None
+
+
+# -- what needs no training ------------------------------------------------------------------
+#: fewer validation problems than this make a bootstrap over problems a rough guide only
+FEW_PROBLEMS = 10
+
+
+def _paired_auc_difference(
+    a: torch.Tensor, b: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, reps: int, seed: int, level: float
+) -> tuple[float, float]:
+    """Percentile interval of ``auc(a) - auc(b)`` over ``reps`` resamples of the problems (with
+    replacement; both AUCs from the same resample)."""
+    _, problem = torch.unique(torch.as_tensor(groups), sorted=True, return_inverse=True)
+    n_problems = int(problem.max()) + 1
+    g = torch.Generator().manual_seed(seed)
+    diffs = []
+    for start in range(0, reps, 256):  # bounds the [reps, candidates] weights in memory
+        m = min(256, reps - start)
+        draws = torch.randint(0, n_problems, (m, n_problems), generator=g)
+        counts = torch.zeros(m, n_problems, dtype=torch.float64).scatter_add_(
+            1, draws, torch.ones(m, n_problems, dtype=torch.float64)
+        )
+        w = counts[:, problem]
+        diffs.append(weighted_auc(a, labels, w) - weighted_auc(b, labels, w))
+    d = torch.cat(diffs)
+    d = d[~torch.isnan(d)]  # a resample holding one class has no AUC
+    if not len(d):
+        return float("nan"), float("nan")
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    lo, hi = torch.quantile(d, q).tolist()
+    return lo, hi
+
+
+def free_baselines(
+    scores: torch.Tensor,
+    labels: torch.Tensor,
+    groups: torch.Tensor,
+    lengths: torch.Tensor,
+    mean_logprobs: torch.Tensor | None = None,
+    reps: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict:
+    """The head's scores ``[N]`` beside selectors that need no training, on the same candidates.
+
+    Args:
+        scores: the head's ``R`` per candidate.
+        labels: 0/1 correctness ``[N]``; ``groups``: problem id per candidate ``[N]`` (ints), the
+            candidates of a problem in generation order.
+        lengths: response token counts ``[N]``.
+        mean_logprobs: mean ``log P(r_j | prefix)`` of each response under the model, or None.
+    Returns:
+        JSON-ready: ``head``, ``length`` (with its ``direction``, ``shorter`` or ``longer``),
+        ``mean_logprob`` (None without log-probs) each with ``auc`` and ``bon`` (Best-of-N over all
+        candidates of a problem, ties to the lowest index); ``random`` (mean correctness per
+        problem) and ``oracle`` (pass@N) with ``bon``; ``verdict``: the head against the free
+        baseline with the higher AUC, the AUC difference and its ``level`` interval from a paired
+        bootstrap over problems (``reps`` resamples, seeded), ``outcome`` (``beats``, ``barely
+        beats``, ``does not beat``) and one sentence, ``text``.
+    """
+    s = torch.as_tensor(scores).detach().double().flatten()
+    y = torch.as_tensor(labels).bool().flatten()
+    gr = torch.as_tensor(groups).flatten()
+    length = torch.as_tensor(lengths).double().flatten()
+    if not (len(s) == len(y) == len(gr) == len(length)):
+        raise ValueError(
+            f"scores, labels, groups and lengths must have one entry per candidate, got "
+            f"{len(s)}, {len(y)}, {len(gr)}, {len(length)}"
+        )
+    sizes = [len(i) for i in _group_ids(gr)]
+    out: dict = {"problems": len(sizes), "candidates": len(s), "n": sizes[0] if len(set(sizes)) == 1 else None}
+    out["head"] = {"auc": auc(s, y), "bon": float(bon_outcomes(s, y, gr).mean())}
+    # NOTE: the direction is chosen on the very candidates it is measured on, which flatters the
+    # length baseline: the conservative side when the question is whether the head beat it
+    longer = auc(length, y)
+    shorter = auc(-length, y)
+    direction, signed = ("shorter", -length) if shorter > longer else ("longer", length)
+    out["length"] = {
+        "direction": direction,
+        "auc": max(shorter, longer),
+        "bon": float(bon_outcomes(signed, y, gr).mean()),
+    }
+    free = {"length": signed}
+    if mean_logprobs is not None:
+        lp = torch.as_tensor(mean_logprobs).double().flatten()
+        if len(lp) != len(s):
+            raise ValueError(f"mean_logprobs has {len(lp)} entries for {len(s)} candidates")
+        if torch.isnan(lp).any():
+            out["mean_logprob"] = None  # a missing log-prob is no evidence either way
+        else:
+            out["mean_logprob"] = {"auc": auc(lp, y), "bon": float(bon_outcomes(lp, y, gr).mean())}
+            free["mean_logprob"] = lp
+    else:
+        out["mean_logprob"] = None
+    per_problem = [(float(y[i].any()), float(y[i].double().mean())) for i in _group_ids(gr)]
+    out["oracle"] = {"bon": sum(o for o, _ in per_problem) / max(1, len(per_problem))}
+    out["random"] = {"bon": sum(m for _, m in per_problem) / max(1, len(per_problem))}
+    # the stronger free baseline; on equal AUCs length (cheaper still) stands
+    against = max(free, key=lambda k: (out[k]["auc"] if not math.isnan(out[k]["auc"]) else -1.0, k == "length"))
+    head_auc, base_auc = out["head"]["auc"], out[against]["auc"]
+    lo, hi = _paired_auc_difference(s, free[against], y, gr, reps, seed, level)
+    diff = head_auc - base_auc
+    if math.isnan(diff) or math.isnan(lo):
+        outcome = None
+    elif lo > 0:
+        outcome = "beats"
+    elif diff > 0:
+        outcome = "barely beats"
+    else:
+        outcome = "does not beat"
+    out["verdict"] = {
+        "against": against,
+        "head_auc": head_auc,
+        "baseline_auc": base_auc,
+        "difference": diff,
+        "interval": [lo, hi],
+        "level": level,
+        "reps": reps,
+        "seed": seed,
+        "outcome": outcome,
+        "text": _verdict_text(outcome, baseline_name(out, against), head_auc, base_auc, diff, lo, hi, level,
+                              out["problems"]),
+    }
+    return out
+
+
+def baseline_name(b: dict, key: str) -> str:
+    """How a row of ``free_baselines`` is named for people."""
+    if key == "length":
+        return f"length ({b['length']['direction']} better)"
+    return {"mean_logprob": "mean log-prob"}.get(key, key)
+
+
+def _verdict_text(outcome, name, head_auc, base_auc, diff, lo, hi, level, problems) -> str:
+    pct = f"{100 * level:.0f}%"
+    if outcome is None:
+        return (
+            f"no verdict against {name}: the validation candidates give no AUC difference "
+            f"(head AUC {head_auc}, {name} AUC {base_auc})"
+        )
+    figures = (
+        f"AUC {head_auc:.3f} vs {base_auc:.3f}, difference {diff:+.3f} ({pct} interval {lo:+.3f} to {hi:+.3f}, "
+        f"paired bootstrap over {_count(problems, 'validation problem')})"
+    )
+    text = f"the head {outcome} {name}: {figures}"
+    if outcome == "barely beats":
+        text += f"; the interval includes 0: on this data the head is not shown to do better than {name}"
+    elif outcome == "does not beat" and hi < 0:
+        text += f"; {name} does better"
+    if problems < FEW_PROBLEMS:
+        text += f"; with {_count(problems, 'validation problem')} the interval is rough: validate on more"
+    return text
+
+
+def format_baselines(b: dict) -> str:
+    """``free_baselines`` as an aligned table (AUC, BoN@N) followed by the verdict sentence."""
+    n = f"BoN@{b['n']}" if b.get("n") else "BoN@all"
+    rows = [("head", b["head"]), (baseline_name(b, "length"), b["length"])]
+    if b.get("mean_logprob"):
+        rows.append(("mean log-prob", b["mean_logprob"]))
+    rows += [("random", b["random"]), ("oracle", b["oracle"])]
+    width = max(len(name) for name, _ in rows) + 2
+
+    def cell(v):
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+    lines = [
+        f"validation: {_count(b['problems'], 'problem')}, {_count(b['candidates'], 'candidate')}",
+        "".ljust(width) + "AUC".rjust(7) + n.rjust(max(9, len(n) + 2)),
+    ]
+    for name, r in rows:
+        lines.append(name.ljust(width) + cell(r.get("auc")).rjust(7) + cell(r.get("bon")).rjust(max(9, len(n) + 2)))
+    if not b.get("mean_logprob"):
+        lines.append("(no mean log-prob: not known for every validation candidate)")
+    lines.append(b["verdict"]["text"])
+    return "\n".join(lines)
+
+
 # -- the loop --------------------------------------------------------------------------------
 def head_scores(head: SwiftHead, states: Sequence[torch.Tensor], cu: torch.Tensor) -> torch.Tensor:
     """``R`` per sequence, differentiable in the head's parameters (DESIGN 2 reference math,
@@ -402,25 +680,50 @@ def _tensors(examples: list[Example], idx: Sequence[int]) -> tuple[torch.Tensor,
     return labels, groups
 
 
-def score_examples(
+def score_and_count(
     head: SwiftHead, source: FeatureSource, examples: list[Example], batch_size: int = 16
-) -> torch.Tensor:
-    """``R`` of every example (no gradient), float32 ``[len(examples)]`` on the CPU."""
-    out = []
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(R, tokens)`` of every example (no gradient): float32 and int64 ``[len(examples)]`` on the
+    CPU, ``tokens`` the number of scored tokens (the response length)."""
+    out, counts = [], []
     with torch.no_grad():
         for a in range(0, len(examples), batch_size):
             states, cu = source.features([e.key for e in examples[a : a + batch_size]])
             out.append(head_scores(head, states, cu).float().cpu())
-    return torch.cat(out) if out else torch.zeros(0)
+            counts.append(cu.cpu().long().diff())
+    if not out:
+        return torch.zeros(0), torch.zeros(0, dtype=torch.long)
+    return torch.cat(out), torch.cat(counts)
+
+
+def score_examples(
+    head: SwiftHead, source: FeatureSource, examples: list[Example], batch_size: int = 16
+) -> torch.Tensor:
+    """``R`` of every example (no gradient), float32 ``[len(examples)]`` on the CPU."""
+    return score_and_count(head, source, examples, batch_size)[0]
+
+
+def _evaluate(head, source, examples, loss, alpha, batch_size) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    s, tokens = score_and_count(head, source, examples, batch_size)
+    labels, groups = _tensors(examples, range(len(examples)))
+    m = selection_metrics(s, labels, groups)
+    m["loss"] = float(compute_loss(loss, s.double(), labels.double(), groups, alpha))
+    return m, s, tokens
 
 
 def evaluate(head, source, examples, loss: str = "bce", alpha: float = DEFAULT_ALPHA, batch_size: int = 16) -> dict:
     """Loss (over the whole set: every pair / problem at once) and selection metrics."""
-    s = score_examples(head, source, examples, batch_size)
+    return _evaluate(head, source, examples, loss, alpha, batch_size)[0]
+
+
+def baselines_of(source: FeatureSource, examples: list[Example], scores: torch.Tensor, tokens: torch.Tensor,
+                 seed: int = 0) -> dict:
+    """``free_baselines`` of ``scores`` over ``examples``, with the source's mean log-probs when it has them."""
     labels, groups = _tensors(examples, range(len(examples)))
-    m = selection_metrics(s, labels, groups)
-    m["loss"] = float(compute_loss(loss, s.double(), labels.double(), groups, alpha))
-    return m
+    lp = None
+    if callable(getattr(source, "mean_logprobs", None)):
+        lp = torch.as_tensor(source.mean_logprobs([e.key for e in examples]), dtype=torch.float64)
+    return free_baselines(scores, labels, groups, tokens, lp, seed=seed)
 
 
 def train_head(
@@ -448,8 +751,12 @@ def train_head(
     epoch's validation.
 
     Raises ``LabelBalanceError`` before the first epoch when a split cannot teach or measure the
-    loss (``check_label_balance``); the counts it checked are ``result.labels``. Raises
+    loss (``check_label_balance``); the counts it checked are ``result.labels``. Warns
+    (``LabelShareWarning``) when the data has few correct or few incorrect candidates. Raises
     ``HeadError`` for a head with a state norm (``norm_eps``): training does not support those.
+
+    ``result.baselines`` sets the best epoch's validation scores beside length and mean log-prob
+    (``free_baselines``, bootstrap seeded with ``seed``).
     """
     if head.norm_eps is not None:
         # NOTE: such a head stores g * w (the norm's gain folded in), so weight decay and the
@@ -467,6 +774,9 @@ def train_head(
     if batch_size < 1 or max_epochs < 1 or patience < 1:
         raise ValueError("batch_size, max_epochs and patience must be >= 1")
     balance = check_label_balance(train, val, loss)
+    little = label_share_warning(whole_balance(balance))
+    if little:
+        warnings.warn(little, LabelShareWarning, stacklevel=2)
     g = torch.Generator().manual_seed(seed)
     if init:
         with torch.no_grad():
@@ -475,6 +785,7 @@ def train_head(
             head.bias.zero_()
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     best_loss, best_epoch, best_state, bad = math.inf, 0, None, 0
+    best_scores = best_tokens = None
     history: list[dict] = []
     stopped = False
     bar = None
@@ -513,13 +824,14 @@ def train_head(
         if inner is not None:
             inner.close()
         head.eval()
-        vm = evaluate(head, source, val, loss, alpha, batch_size)
+        vm, val_scores, val_tokens = _evaluate(head, source, val, loss, alpha, batch_size)
         record = {"epoch": epoch, "train_loss": total / max(1, count), **{f"val_{k}": v for k, v in vm.items()}}
         history.append(record)
         improved = vm["loss"] < best_loss
         if improved:
             best_loss, best_epoch, bad = vm["loss"], epoch, 0
             best_state = copy.deepcopy({k: v.detach().clone() for k, v in head.state_dict().items()})
+            best_scores, best_tokens = val_scores, val_tokens
         else:
             bad += 1
         if bar is not None:
@@ -549,4 +861,5 @@ def train_head(
         val_metrics=val_metrics,
         train_metrics={"loss": best["train_loss"]},
         labels=balance,
+        baselines=baselines_of(source, val, best_scores, best_tokens, seed),
     )

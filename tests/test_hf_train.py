@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from hf_fixtures import tiny_model_dir
@@ -81,7 +82,18 @@ def test_train_cli_learns_the_label_and_score_cli_applies_the_head(model_dir, mo
     best = prov["history"][prov["best_epoch"] - 1]
     assert best["val_loss"] == min(h["val_loss"] for h in prov["history"])
     # chance is 0.5 here: a trainer that does not learn from the states cannot get there
-    assert prov["val_metrics"]["accuracy"] >= 0.9 and prov["val_metrics"]["auc"] >= 0.95
+    assert prov["val_metrics"]["balanced_accuracy"] >= 0.9 and prov["val_metrics"]["auc"] >= 0.95
+    captured = capsys.readouterr()
+    assert f"feature cache {tmp_path / 'cache'}: about " in captured.err and "in bfloat16" in captured.err
+    lines = captured.out.splitlines()
+    assert "balanced accuracy" in lines[0] and "precision" in lines[0] and "accuracy" not in lines[0].replace(
+        "balanced accuracy", "")
+    assert [ln.split()[0] for ln in lines[3:8]] == ["head", "length", "mean", "random", "oracle"]
+    assert lines[8].startswith("the head ")
+    summary = json.loads(lines[-1])
+    assert summary["baselines"] == prov["baselines"] and summary["val"]["majority_class_share"] >= 0.5
+    assert summary["baselines"]["head"]["auc"] == prov["val_metrics"]["auc"]
+    assert summary["baselines"]["mean_logprob"]["auc"] is not None
 
     out = tmp_path / "scored.jsonl"
     assert main([
@@ -100,21 +112,84 @@ def test_train_cli_learns_the_label_and_score_cli_applies_the_head(model_dir, mo
     assert ((got > 0) == labels).float().mean() >= 0.9
 
 
-def test_feature_cache_matches_recomputation_and_runs_are_reproducible(model_and_tok, tmp_path):
+def test_feature_cache_holds_bf16_of_the_selected_states_and_trains_on_them(model_and_tok, tmp_path, monkeypatch):
+    from swift_fast.hf import extract_features
+    from swift_fast.hf.train import HFFeatureSource, finite_or_none
+
     model, tok = model_and_tok
     problems = _rollouts(tok, tmp_path / "r.jsonl", problems=10, n=4, seed=1)
     kw = dict(layers="last2", alignment="emitted", loss="nca", lr=1e-3, max_epochs=2, progress=False, seed=7)
     a, ra = train_from_rollouts(model, problems, **kw)
     b, rb = train_from_rollouts(model, problems, **kw)
-    c, rc = train_from_rollouts(model, problems, cache_dir=str(tmp_path / "cache"), **kw)
-    d, rd = train_from_rollouts(model, problems, cache_dir=str(tmp_path / "cache"), **kw)  # read back from disk
-    assert torch.equal(a.weight, b.weight) and ra.history == rb.history
-    assert torch.equal(c.weight, d.weight)
-    torch.testing.assert_close(a.weight, c.weight, rtol=1e-4, atol=1e-6)
+    cache = tmp_path / "cache"
+    c, rc = train_from_rollouts(model, problems, cache_dir=str(cache), **kw)
+    d, rd = train_from_rollouts(model, problems, cache_dir=str(cache), **kw)  # read back from disk
+    assert torch.equal(a.weight, b.weight) and finite_or_none(ra.history) == finite_or_none(rb.history)
+    assert torch.equal(c.weight, d.weight) and finite_or_none(rc.history) == finite_or_none(rd.history)
+    assert rc.baselines == rd.baselines  # the log-probs come back from the cache as they went in
+
+    # on disk: the two selected states of the response tokens only, as bfloat16 bits
+    seqs = [p.prompt_token_ids + c_["token_ids"] for p in problems for c_ in p.candidates]
+    plens = [len(p.prompt_token_ids) for p in problems for c_ in p.candidates]
+    rows = sum(len(s_) - p_ for s_, p_ in zip(seqs, plens))
+    meta = json.loads((cache / "meta.json").read_text())
+    assert meta["k"] == 2 and meta["d"] == model.config.hidden_size and meta["dtype"] == "torch.bfloat16"
+    assert (cache / "states.bin").stat().st_size == rows * 2 * model.config.hidden_size * 2
+    states, _ = extract_features(model, seqs[:3], plens[:3], layers=[1, 2], alignment="emitted")
+    want = torch.stack(states, 1).to(torch.bfloat16).view(torch.int16).numpy()
+    raw = np.memmap(cache / "states.bin", dtype=np.int16, mode="r").reshape(-1, 2, model.config.hidden_size)
+    assert np.array_equal(raw[: len(want)], want)
+
+    # training without a cache on features rounded to bfloat16 by hand is the cached training, bit for bit
+    compute = HFFeatureSource._compute
+
+    def rounded(self, keys):
+        st, cu = compute(self, keys)
+        return [x.to(torch.bfloat16).float() for x in st], cu
+
+    monkeypatch.setattr(HFFeatureSource, "_compute", rounded)
+    e, re_ = train_from_rollouts(model, problems, **kw)
+    monkeypatch.undo()
+    assert torch.equal(e.weight, c.weight) and torch.equal(e.bias, c.bias)
+    assert finite_or_none(re_.history) == finite_or_none(rc.history)
+    assert not torch.equal(e.weight, a.weight)  # the rounding is real: float32 features train another head
     assert a.alignment == "emitted" and a.layers == [1, 2] and a.provenance["alpha"] == 0.01
     # the logit feature without gate trains too, and its head reads the vocabulary
-    e, _ = train_from_rollouts(model, problems, feature="logits", gate=False, max_epochs=1, progress=False)
-    assert e.feature == "logits" and e.hidden_size == model.config.vocab_size and e.weight.shape[0] == 1
+    f, _ = train_from_rollouts(model, problems, feature="logits", gate=False, max_epochs=1, progress=False)
+    assert f.feature == "logits" and f.hidden_size == model.config.vocab_size and f.weight.shape[0] == 1
+
+
+def test_mean_logprobs_of_the_feature_forward_match_a_float64_log_softmax(model_and_tok, tmp_path):
+    import copy
+
+    from swift_fast.hf.train import HFFeatureSource
+
+    model, tok = model_and_tok
+    problems = _rollouts(tok, tmp_path / "r.jsonl", problems=3, n=3, seed=4)
+    seqs = [p.prompt_token_ids + c["token_ids"] for p in problems for c in p.candidates]
+    plens = [len(p.prompt_token_ids) for p in problems for c in p.candidates]
+    seqs.append([7, 8, 9])  # an empty prompt: no state predicts the first token, no mean log-prob
+    plens.append(0)
+    ref_model = copy.deepcopy(model).double()
+    want = []
+    with torch.no_grad():
+        for s, p in zip(seqs, plens):
+            if p == 0:
+                want.append(float("nan"))
+                continue
+            logp = torch.log_softmax(ref_model(torch.tensor([s])).logits[0].double(), -1)
+            # log P(r_j | prefix) is read at the position before r_j
+            want.append(sum(float(logp[t - 1, s[t]]) for t in range(p, len(s))) / (len(s) - p))
+    want = torch.tensor(want, dtype=torch.float64)
+    # 'predicting' needs a prompt token before the first response token: the empty prompt is 'emitted' only
+    for alignment, n in (("emitted", 10), ("predicting", 9)):
+        src = HFFeatureSource(model, seqs[:n], plens[:n], [0, 2], alignment, "hidden", logprob_keys=[1, 4, 8])
+        src.features([0, 1, 2, 3])
+        assert np.isnan(src._mean_lp[[0, 2, 3]]).all() and not np.isnan(src._mean_lp[1])  # only what was asked
+        src.features(list(range(4, n)))
+        # the rest is computed when asked for
+        torch.testing.assert_close(src.mean_logprobs(list(range(n))), want[:n], rtol=0, atol=2e-5, equal_nan=True)
+    assert not torch.isnan(want[:9]).any()
 
 
 def test_rollouts_without_token_ids_or_labels_are_refused_with_file_and_line(
@@ -249,3 +324,55 @@ def test_demo_head_training_refuses_rollouts_that_cannot_teach(model_dir, model_
     finally:
         torch.set_num_threads(threads)
     assert str(e.value.code).startswith("swift-fast demo ablations: cannot train a head with the dpo loss")
+
+
+def test_train_cli_sets_the_head_beside_length_when_length_is_the_label(model_dir, model_and_tok, tmp_path, capsys):
+    model, tok = model_and_tok
+    data = tmp_path / "r.jsonl"
+    problems = _rollouts(tok, tmp_path / "raw.jsonl", problems=20, n=6, seed=5)
+    for p in problems:  # the short responses are the correct ones, whatever their tokens
+        for c in p.candidates:
+            c["correct"] = len(c["token_ids"]) <= 7
+    write_rollouts(data, problems)
+    rc = main(["train", "--model", model_dir, "--rollouts", str(data), "--out", str(tmp_path / "h.safetensors"),
+               "--layers", "last2", "--epochs", "2", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    b = json.loads(out.splitlines()[-1])["baselines"]
+    assert b["length"] == {"direction": "shorter", "auc": 1.0, "bon": b["oracle"]["bon"]}
+    table = out.splitlines()[1:9]
+    assert any(ln.startswith("length (shorter better)") and ln.split()[3] == "1.000" for ln in table)
+    assert "the head does not beat length (shorter better): AUC " in out and " vs 1.000, difference " in out
+    assert b["verdict"]["outcome"] == "does not beat"
+
+
+def test_train_cli_warns_about_few_correct_candidates_before_loading_the_model(
+    model_dir, model_and_tok, tmp_path, capsys, monkeypatch
+):
+    import swift_fast.hf.loading as loading
+
+    _, tok = model_and_tok
+    problems = _rollouts(tok, tmp_path / "raw.jsonl", problems=20, n=8)
+    _, val_ids = split_by_problem([p.id for p in problems], 0.2, 0)
+    val = [i for i, p in enumerate(problems) if p.id in val_ids]
+    train = [i for i, p in enumerate(problems) if p.id not in val_ids]
+    chosen = val[:2] + train[:7]  # 9 problems with a correct candidate, both splits have some
+    twice = set(chosen[:3])
+    data = tmp_path / "few.jsonl"
+    _relabel(problems, data, lambda pi, ci: pi in chosen and ci < (2 if pi in twice else 1))
+
+    def no_load(*a, **k):
+        raise OSError("the model was loaded")
+
+    monkeypatch.setattr(loading, "load_model", no_load)
+    rc = main(["train", "--model", model_dir, "--rollouts", str(data), "--out", str(tmp_path / "h.safetensors"),
+               "--cache-dir", str(tmp_path / "c"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.splitlines()[-1] == "error: the model was loaded"
+    assert err.startswith(
+        "warning: 12 of 160 candidates are correct (7.5%), in 9 of 20 problems: the head has little to learn from; "
+        "collect at a lower temperature, with easier problems or more candidates\n"
+    )
+    rows = sum(len(c["token_ids"]) for p in problems for c in p.candidates)
+    hidden = model_and_tok[0].config.hidden_size
+    assert f"feature cache {tmp_path / 'c'}: about " in err and f"({rows} scored tokens x 3 x {hidden} values" in err

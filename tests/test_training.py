@@ -12,12 +12,18 @@ from swift_fast.training import (
     LOSSES,
     Example,
     LabelBalanceError,
+    LabelShareWarning,
     auc,
     check_label_balance,
     compute_loss,
+    format_baselines,
+    free_baselines,
+    label_balance,
+    label_share_warning,
     selection_metrics,
     split_by_problem,
     train_head,
+    weighted_auc,
 )
 
 
@@ -254,3 +260,155 @@ def test_a_validation_split_that_cannot_measure_the_loss_is_refused():
     # one problem with both kinds is enough to measure a pairwise loss
     val[0].label = False
     assert check_label_balance(train, val, "dpo")["val"]["problems_with_both"] == 1
+
+
+# -- what the head learned against what was free ----------------------------------------------
+def test_auc_by_hand_and_its_weighted_form_equals_duplicated_candidates():
+    # pairs (correct, incorrect): 0.35 beats 0.1, loses to 0.4; 0.8 beats both -> 3 of 4
+    assert auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])) == 0.75
+    # a tie counts one half: (1 vs 1) = 0.5, (1 vs 2) = 0 -> 0.25
+    assert auc(torch.tensor([1.0, 1.0, 2.0]), torch.tensor([1, 0, 0])) == 0.25
+    g = torch.Generator().manual_seed(3)
+    s = torch.randint(0, 6, (30,), generator=g).double()
+    y = torch.rand(30, generator=g) < 0.5
+    w = torch.randint(0, 4, (5, 30), generator=g)
+    got = weighted_auc(s, y, w)
+    for r in range(5):
+        rep = torch.repeat_interleave(torch.arange(30), w[r])
+        assert got[r].item() == pytest.approx(auc(s[rep], y[rep]), rel=1e-12)
+    assert math.isnan(weighted_auc(s, y, (~y).long()[None])[0])  # no positive weighed: no AUC
+
+
+def test_balanced_figures_by_hand():
+    # R > 0 predicts correct: TP = 1 (index 1), FP = 2 (2, 4), FN = 1 (3), TN = 1 (0)
+    m = selection_metrics(
+        torch.tensor([-0.1, 0.9, 0.9, -1.0, 2.0]), torch.tensor([0, 1, 0, 1, 0]), torch.tensor([0, 0, 0, 1, 1])
+    )
+    assert m["balanced_accuracy"] == pytest.approx((1 / 2 + 1 / 3) / 2)
+    assert m["precision"] == pytest.approx(1 / 3) and m["recall"] == pytest.approx(1 / 2)
+    assert m["accuracy"] == pytest.approx(2 / 5) and m["majority_class_share"] == pytest.approx(3 / 5)
+    # always "incorrect" on 1-in-10 data: the 0.9 accuracy of the issue, and nothing learned
+    m = selection_metrics(-torch.ones(10), torch.tensor([1] + [0] * 9), torch.zeros(10))
+    assert m["accuracy"] == pytest.approx(0.9) == m["majority_class_share"]
+    assert m["balanced_accuracy"] == 0.5 and m["recall"] == 0 and math.isnan(m["precision"])
+
+
+def _length_data(seed=0, problems=12, n=6):
+    """Correct candidates are the short ones (3..5 tokens), incorrect ones long (8..12)."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.rand(problems * n, generator=g) < 0.4
+    lengths = torch.where(labels, torch.randint(3, 6, labels.shape, generator=g), torch.randint(8, 13, labels.shape,
+                                                                                               generator=g))
+    groups = torch.arange(problems).repeat_interleave(n)
+    return labels, lengths, groups
+
+
+def test_length_that_predicts_the_labels_is_a_baseline_the_head_does_not_beat():
+    y, length, groups = _length_data()
+    head = y.double() + torch.randn(len(y), generator=torch.Generator().manual_seed(1))  # good, not perfect
+    b = free_baselines(head, y, groups, length, seed=0)
+    assert b["length"] == {"direction": "shorter", "auc": 1.0, "bon": b["oracle"]["bon"]}
+    assert 0.5 < b["head"]["auc"] < 1.0 and b["mean_logprob"] is None
+    v = b["verdict"]
+    assert v["against"] == "length" and v["outcome"] == "does not beat" and v["difference"] < 0
+    assert v["text"].startswith(f"the head does not beat length (shorter better): AUC {b['head']['auc']:.3f} vs 1.000")
+    # the same lengths reversed favour the longer ones, named so
+    assert free_baselines(head, y, groups, -length + 100)["length"]["direction"] == "longer"
+    table = format_baselines(b)
+    lines = table.splitlines()
+    assert lines[1].split() == ["AUC", "BoN@6"] and lines[3].startswith("length (shorter better) ")
+    assert lines[3].split()[-2:] == ["1.000", f"{b['oracle']['bon']:.3f}"] and table.endswith(v["text"])
+
+    # oracle and random by hand: pass@N and mean correctness per problem
+    per = [y[groups == p] for p in range(12)]
+    assert b["oracle"]["bon"] == pytest.approx(sum(float(t.any()) for t in per) / 12)
+    assert b["random"]["bon"] == pytest.approx(sum(float(t.double().mean()) for t in per) / 12)
+
+
+def test_bon_of_the_baselines_and_the_paired_bootstrap_by_hand():
+    y = torch.tensor([0, 1, 0, 1, 0, 0, 1, 0, 1])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])
+    length = torch.tensor([5, 5, 9, 7, 2, 9, 4, 4, 4])  # ties go to the lowest index
+    lp = torch.tensor([-1.0, -0.5, -2.0, -0.3, -0.3, -1.0, -2.0, -1.0, -1.5])
+    head = torch.tensor([0.2, 0.1, 0.0, 0.4, 0.3, 0.2, 0.9, 0.1, 0.8])
+    b = free_baselines(head, y, groups, length, lp, reps=300, seed=5)
+    assert b["head"]["bon"] == pytest.approx(2 / 3)  # p0 picks 0 (wrong), p1 picks 3, p2 picks 6
+    # 4 correct x 5 incorrect pairs; shorter wins: 2.5 + 2 + 3.5 + 3.5 of 20 (longer: the other 8.5)
+    assert b["length"]["direction"] == "shorter" and b["length"]["auc"] == pytest.approx(11.5 / 20)
+    assert b["length"]["bon"] == pytest.approx(1 / 3)  # p0 picks 0 (tie 5, 5: wrong), p1 picks 4 (wrong), p2 picks 6
+    assert b["mean_logprob"]["bon"] == pytest.approx(2 / 3)  # p0 picks 1, p1 picks 3 (tie), p2 picks 7 (wrong)
+    assert b["mean_logprob"]["auc"] == pytest.approx(10 / 20) and b["head"]["auc"] == pytest.approx(16.5 / 20)
+    # the interval, recomputed by brute force: the same resamples of problems, candidates repeated, pairs counted
+    assert b["verdict"]["against"] == "length"
+    g = torch.Generator().manual_seed(5)
+    draws = torch.randint(0, 3, (300, 3), generator=g)
+    diffs = []
+    for row in draws.tolist():
+        idx = torch.cat([torch.nonzero(groups == p).flatten() for p in row])
+        diffs.append(_pair_auc(head[idx], y[idx]) - _pair_auc(-length[idx].double(), y[idx]))
+    d = torch.tensor([x for x in diffs if not math.isnan(x)], dtype=torch.float64)
+    lo, hi = torch.quantile(d, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    assert b["verdict"]["interval"] == pytest.approx([lo, hi], abs=1e-12)
+
+
+def _pair_auc(s, y):
+    pos = [float(a) for a, t in zip(s, y) if t]
+    neg = [float(a) for a, t in zip(s, y) if not t]
+    if not pos or not neg:
+        return float("nan")
+    return sum(1.0 if a > c else 0.5 if a == c else 0.0 for a in pos for c in neg) / (len(pos) * len(neg))
+
+
+def test_a_head_that_separates_beats_random_length_and_random_labels_do_not():
+    g = torch.Generator().manual_seed(7)
+    y = torch.rand(240, generator=g) < 0.5
+    length = torch.randint(5, 50, (240,), generator=g)
+    groups = torch.arange(30).repeat_interleave(8)
+    b = free_baselines(y.double() * 2 + torch.randn(240, generator=g), y, groups, length, seed=1)
+    assert b["verdict"]["outcome"] == "beats" and b["verdict"]["interval"][0] > 0
+    assert b["verdict"]["text"].startswith("the head beats length")
+    # a head that knows nothing: the interval of its difference from length includes 0
+    b = free_baselines(torch.randn(240, generator=g), y, groups, length, seed=1)
+    lo, hi = b["verdict"]["interval"]
+    assert lo < 0 < hi and b["verdict"]["outcome"] in ("barely beats", "does not beat")
+    if b["verdict"]["outcome"] == "barely beats":
+        assert "the interval includes 0" in b["verdict"]["text"]
+
+
+def test_trainer_reports_baselines_from_the_scored_tokens():
+    src = Source(160)
+    train, val = _examples(src, range(0, 128)), _examples(src, range(128, 160))
+    res = train_head(SwiftHead(8, [0]), src, train, val, lr=1e-2, max_epochs=3, progress=False, seed=3)
+    b = res.baselines
+    # length is the number of scored rows the source gave each validation candidate
+    lengths = torch.tensor([len(src.rows[e.key]) for e in val])
+    labels = torch.tensor([e.label for e in val])
+    assert b["length"]["auc"] == pytest.approx(max(auc(lengths, labels), auc(-lengths, labels)))
+    assert b["head"]["auc"] == res.val_metrics["auc"] and b["head"]["bon"] == res.val_metrics["bon"]
+    assert b["mean_logprob"] is None and b["problems"] == 8 and b["n"] == 4
+
+
+def test_little_to_learn_from_is_warned_about_with_its_counts():
+    # 12 correct of 800 in 9 of 100 problems
+    problems = [[i < 9 and j < (2 if i < 3 else 1) for j in range(8)] for i in range(100)]
+    ex = [Example(key=8 * i + j, problem=f"p{i}", label=c) for i, row in enumerate(problems) for j, c in enumerate(row)]
+    b = label_balance(ex)
+    assert label_share_warning(b) == (
+        "12 of 800 candidates are correct (1.5%), in 9 of 100 problems: the head has little to learn from; collect "
+        "at a lower temperature, with easier problems or more candidates"
+    )
+    flipped = label_balance([Example(e.key, e.problem, not e.label) for e in ex])
+    assert label_share_warning(flipped).startswith(
+        "788 of 800 candidates are correct (98.5%); 12 incorrect, in 9 of 100 problems: the head has little to "
+        "learn from; collect at a higher"
+    )
+    even = label_balance([Example(k, f"p{k // 4}", k % 2 == 0) for k in range(40)])
+    assert label_share_warning(even) is None
+    few = label_balance([Example(k, f"p{k // 4}", k % 2 == 0) for k in range(16)])  # 8 and 8: too few of a kind
+    assert "too few of a kind" in label_share_warning(few) and label_share_warning(few).startswith("8 of 16")
+    # train_head warns before the first epoch, with the counts of all data
+    src = Source(40)
+    train = _labelled(range(0, 32), lambda k: k in (0, 5))
+    val = _labelled(range(32, 40), lambda k: k == 33)
+    with pytest.warns(LabelShareWarning, match=r"^3 of 40 candidates are correct \(7\.5%\), in 3 of 10 problems"):
+        train_head(SwiftHead(8, [0]), src, train, val, max_epochs=1, progress=False)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import warnings
 
 DESCRIPTION = """\
 Train a SWIFT head (a gated linear map over the model's hidden states) on graded rollouts.
@@ -14,13 +16,24 @@ problem (the candidates of one problem never straddle it), early stopping with p
 validation loss, keeping the weights of the best epoch.
 
 Features are recomputed from the model batch by batch (no hidden states on disk); --cache-dir
-keeps them in a memory-mapped file for later epochs (bit-exact; suits small models). Runs are
-seeded (--seed): the split, the initial weights and the batch order are reproducible.
-The head file records model, data, label balance, loss, best epoch and validation metrics.
+keeps them in a memory-mapped file for later epochs: only the head's selected states of the
+response tokens, in bfloat16 (logits in float32), so the head trains on features rounded once to
+bfloat16. Its size is printed before it is written, and a cache larger than the free disk is
+refused. Runs are seeded (--seed): the split, the initial weights and the batch order are
+reproducible.
+
+After training, the head is set beside what needs no training, on the same validation
+candidates: its AUC and Best-of-N beside those of the response length (in the direction the
+validation data favours, which flatters length) and of the model's mean log-prob of the response,
+random and oracle picks, then a verdict from a paired bootstrap over validation problems of the
+AUC difference between the head and the better free baseline. The head at R > 0 is summed up
+by balanced accuracy, precision and recall of "correct". The head file records model, data,
+label balance, loss, best epoch, validation metrics and these baselines.
 
 Before loading the model the labels of both splits are checked: bce and hinge need correct and
 incorrect candidates in each split; dpo, infonca and nca need, in each split, a problem with both.
-Rollouts that cannot teach (every candidate wrong, say) are refused with their counts.
+Rollouts that cannot teach (every candidate wrong, say) are refused with their counts; rollouts
+that teach little (under 10% correct or over 90%, or fewer than 10 of a kind) get a warning.
 """
 
 EXAMPLES = """\
@@ -62,7 +75,9 @@ def add_parser(sub, name, help_):
     p.add_argument("--val-fraction", type=float, default=0.2,
                    help="share of problems held out for validation (default 0.2)")
     p.add_argument("--seed", type=int, default=0, help="seed of split, initial weights and batch order (default 0)")
-    p.add_argument("--cache-dir", help="keep features in a memory-mapped file here (small models)")
+    p.add_argument("--cache-dir",
+                   help="keep features in a memory-mapped file here: the head's states of the response tokens "
+                        "in bfloat16 (logits in float32); its size is printed before it is written")
     p.add_argument("--dtype", default="auto",
                    help="auto (checkpoint dtype on GPU, float32 on CPU), bfloat16, float16, float32")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
@@ -79,42 +94,69 @@ def run(args) -> int:
         from transformers import AutoConfig
 
         from ..hf.loading import check_supported_config, load_model
-        from ..hf.train import check_rollouts, train_from_rollouts
+        from ..hf.train import check_rollouts, describe_cache, feature_cache_plan
+        from ..training import LabelShareWarning, label_share_warning, whole_balance
 
         # the config and the rollout file alone decide these refusals: make them before a long model load
-        check_supported_config(AutoConfig.from_pretrained(args.model), args.model)
-        check_rollouts(args.rollouts, args.loss, args.val_fraction, args.seed)
+        config = AutoConfig.from_pretrained(args.model)
+        check_supported_config(config, args.model)
+        balance = check_rollouts(args.rollouts, args.loss, args.val_fraction, args.seed)
+        little = label_share_warning(whole_balance(balance))
+        if little:
+            print(f"warning: {little}", file=sys.stderr)
+        if args.cache_dir:
+            plan = feature_cache_plan(args.rollouts, config, args.layers, args.feature)
+            print(describe_cache(args.cache_dir, plan["rows"], plan["k"], plan["d"], plan["dtype"]), file=sys.stderr)
         model, _ = load_model(args.model, args.dtype, args.device)
-        head, result = train_from_rollouts(
-            model,
-            args.rollouts,
-            layers=args.layers,
-            feature=args.feature,
-            gate=not args.no_gate,
-            alignment=args.alignment,
-            loss=args.loss,
-            lr=args.lr,
-            weight_decay=args.weight_decay,
-            batch_size=args.batch_size,
-            max_epochs=args.epochs,
-            patience=args.patience,
-            val_fraction=args.val_fraction,
-            seed=args.seed,
-            alpha=args.alpha,
-            cache_dir=args.cache_dir,
-            progress=not args.no_progress,
-            model_name=args.model,
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LabelShareWarning)  # said above, before the model load
+            head, result = _train(args, model)
     except (DataError, HeadError, UnsupportedModelError, ValueError, FloatingPointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from ..hf.train import finite_or_none
+    from ..training import format_baselines
+
     head.save(args.out)
     vm = result.val_metrics
+    threshold = "" if args.loss in ("bce", "hinge") else f"; the {args.loss} loss sets no threshold"
     print(
         f"wrote {args.out}: best epoch {result.best_epoch} of {result.epochs_run}"
-        f"{' (stopped early)' if result.stopped_early else ''}; validation loss {vm['loss']:.4f}, "
-        f"accuracy {vm['accuracy']:.3f}, AUC {vm['auc']:.3f}, BoN@all {vm['bon']:.3f} "
-        f"(random {vm['random']:.3f}, oracle {vm['oracle']:.3f})"
+        f"{' (stopped early)' if result.stopped_early else ''}; validation loss {vm['loss']:.4f}; "
+        f"at R > 0 (predicting correct{threshold}): balanced accuracy {_fig(vm['balanced_accuracy'])}, "
+        f"precision {_fig(vm['precision'])}, recall {_fig(vm['recall'])}"
     )
-    print(json.dumps({"best_epoch": result.best_epoch, "val": vm, "labels": result.labels}, default=str))
+    print(format_baselines(result.baselines))
+    print(json.dumps(finite_or_none(
+        {"best_epoch": result.best_epoch, "val": vm, "baselines": result.baselines, "labels": result.labels}
+    ), default=str))
     return 0
+
+
+def _fig(x: float) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
+
+
+def _train(args, model):
+    from ..hf.train import train_from_rollouts
+
+    return train_from_rollouts(
+        model,
+        args.rollouts,
+        layers=args.layers,
+        feature=args.feature,
+        gate=not args.no_gate,
+        alignment=args.alignment,
+        loss=args.loss,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        batch_size=args.batch_size,
+        max_epochs=args.epochs,
+        patience=args.patience,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        alpha=args.alpha,
+        cache_dir=args.cache_dir,
+        progress=not args.no_progress,
+        model_name=args.model,
+    )

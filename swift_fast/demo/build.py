@@ -109,6 +109,8 @@ def build(out: str = A.ASSETS_DIR, work: str = "demo_build", recipe: Recipe = DE
     """
     import transformers
 
+    from ..hf.train import finite_or_none
+
     t0 = time.time()
     timings = {}
     os.makedirs(work, exist_ok=True)
@@ -158,13 +160,14 @@ def build(out: str = A.ASSETS_DIR, work: str = "demo_build", recipe: Recipe = DE
                      "transformers": transformers.__version__, "platform": platform.platform()},
         "timings": timings,
         "model_training_log": model_training["log"],
-        "head": {"best_epoch": result.best_epoch, "epochs_run": result.epochs_run, "val_metrics": result.val_metrics,
-                 "labels": result.labels},
+        "head": finite_or_none({"best_epoch": result.best_epoch, "epochs_run": result.epochs_run,
+                                "val_metrics": result.val_metrics, "baselines": result.baselines,
+                                "labels": result.labels}),
         "note": "Training is seeded; bit-identical weights need the same torch build and thread count.",
     }
     prov["files"] = A.fingerprints(tmp)
     with open(os.path.join(tmp, A.PROVENANCE), "w", encoding="utf-8") as f:
-        json.dump(prov, f, indent=1, sort_keys=True, default=str)
+        json.dump(prov, f, indent=1, sort_keys=True, default=str, allow_nan=False)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     log(f"wrote {out} ({sum(v['bytes'] for v in prov['files'].values()) / 1e6:.1f} MB) in {time.time() - t0:.0f} s")

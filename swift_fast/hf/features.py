@@ -256,10 +256,13 @@ def forward_scored_rows(
     feature: str,
     consume: Callable[[int, torch.Tensor, slice], None],
     pad_id: int = 0,
+    on_final: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """One forward of the decoder stack over ``sequences`` (right-padded); for every selected
     state, ``consume(slot, rows, chunk)`` receives its scored rows ``[n, d]`` (model dtype; logits
     for the logit feature) chunk by chunk, where ``chunk`` locates them in the packed order.
+    ``on_final(h)``, when given, receives the final norm's output ``[B, T, d]`` of the same forward
+    (``T`` the longest sequence), for what else wants the last states (log-probs, say).
 
     Returns ``cu_seqlens`` of the packed scored rows. No logits are computed beyond the scored
     rows of a logit-feature head, and no state outlives its layer.
@@ -272,6 +275,9 @@ def forward_scored_rows(
     rows_on = {rows.device: rows}  # a model split over devices: the row index on each layer's device
 
     def on_state(slot: int, h: torch.Tensor) -> None:
+        if slot == len(indices):
+            on_final(h)
+            return
         if n == 0:
             return
         h2 = h.reshape(-1, h.shape[-1])
@@ -285,7 +291,8 @@ def forward_scored_rows(
                 x = parts.lm_head(x)
             consume(slot, x, ch)
 
-    with torch.no_grad(), state_hooks(parts, indices, on_state):
+    hooked = list(indices) + ([parts.num_layers] if on_final is not None else [])
+    with torch.no_grad(), state_hooks(parts, hooked, on_state):
         parts.base(input_ids=ids, attention_mask=mask, use_cache=False)
     return cu
 
@@ -298,6 +305,7 @@ def extract_features(
     alignment: str = "predicting",
     feature: str = "hidden",
     dtype: torch.dtype | None = None,
+    on_final: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The states a head would read, for one batch, packed over scored tokens.
 
@@ -305,6 +313,7 @@ def extract_features(
         sequences: ``B`` token-id lists (prompt + response).
         prompt_lengths: where each response starts.
         layers: hidden-state indices (or ``"all"``, ``"lastN"``, ``"0,3"``); ignored for logits.
+        on_final: see ``forward_scored_rows``.
     Returns:
         ``(states, cu_seqlens)``: ``k`` tensors ``[N, d]`` (the model's dtype unless ``dtype`` is
         given; ``[N, V]`` for logits) in the order of ``layers``, and int64 ``[B+1]``.
@@ -327,7 +336,9 @@ def extract_features(
             out[slot] = torch.empty((n, x.shape[-1]), dtype=dtype or x.dtype, device=x.device)
         out[slot][ch] = x
 
-    cu = forward_scored_rows(parts, seqs, plens, alignment, indices, feature, consume, pad_id_of(parts.model))
+    cu = forward_scored_rows(
+        parts, seqs, plens, alignment, indices, feature, consume, pad_id_of(parts.model), on_final=on_final
+    )
     if n == 0:
         width = parts.vocab_size if feature == "logits" else parts.hidden_size
         dt = dtype or parts.lm_head.weight.dtype

@@ -3,11 +3,14 @@
 The states a head reads are recomputed from the model for each training batch (one forward of
 the decoder stack over the batch's sequences, keeping only the selected states of the scored
 tokens for the duration of the step): nothing is written to disk unless a cache is asked for.
-``cache_dir`` keeps those states in a memory-mapped file, bit-exact in the model's dtype, so
-later epochs read instead of recompute; its size is ``tokens x layers x d x bytes``, which suits
-small models. Without a cache every epoch costs as much as the first (validation included): the
-progress output says so, and names the cache with its size when that size suits the disk
-(``CACHE_HINT_MAX_BYTES``, half the free space of the working directory's disk at most).
+``cache_dir`` keeps those states in a memory-mapped file so later epochs read instead of
+recompute: only the head's selected states of the response tokens, hidden states in bfloat16
+(logits in float32), ``tokens x layers x d x 2`` bytes, said before the cache is written. Every
+epoch, the first included, reads the cached values, so a cached run trains on the features
+rounded once to bfloat16 (``cache_dtype``). Without a cache every epoch costs as much as the
+first (validation included): the progress output says so, and names the cache with its size
+when that size suits the disk (``CACHE_HINT_MAX_BYTES``, half the free space of the working
+directory's disk at most).
 
 The labels are checked before anything is computed (``swift_fast.training.check_label_balance``);
 ``check_rollouts`` runs the same check on a rollout file without a model.
@@ -40,6 +43,7 @@ from ..training import (
     train_head,
 )
 from .features import decoder_parts, extract_features
+from .logprobs import logprobs_from_hidden
 from .rollout_data import RolloutSequences, rollout_sequences
 
 _INT_OF_SIZE = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
@@ -49,19 +53,58 @@ _TORCH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 #: stops being an obvious win over recomputing
 CACHE_HINT_MAX_BYTES = 64 * 2**30
 
+#: what a feature cache stores hidden states in: half the bytes of float32 and the exponent range
+#: of any model dtype; a head reads states in float32 and learns a direction, not the last bits
+CACHE_HIDDEN_DTYPE = torch.bfloat16
+
+
+def cache_dtype(feature: str) -> torch.dtype:
+    """The dtype a feature cache stores ``feature`` in: bfloat16 hidden states, float32 logits
+    (the logit feature's values span a range where bfloat16's 8 bits of mantissa lose the ranking
+    of close tokens)."""
+    return torch.float32 if feature == "logits" else CACHE_HIDDEN_DTYPE
+
 
 def _bytes(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if n < 1000:
-            return f"{n:.0f} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
 
 
+def describe_cache(path: str, rows: int, k: int, d: int, dtype: torch.dtype) -> str:
+    """One sentence: where a feature cache goes and how much disk it takes."""
+    size = rows * k * d * torch.empty((), dtype=dtype).element_size()
+    return (
+        f"feature cache {path}: about {_bytes(size)} on disk ({rows} scored tokens x {k} x {d} values in "
+        f"{str(dtype).removeprefix('torch.')})"
+    )
+
+
+def feature_cache_plan(rollouts, config, layers: str | Sequence[int] = "all", feature: str = "hidden") -> dict:
+    """What ``train_from_rollouts(cache_dir=...)`` would write for ``rollouts`` and a model with
+    ``config``, known before the model is loaded: ``rows`` (scored tokens), ``k`` (states per
+    token), ``d``, ``dtype``, ``bytes``."""
+    seqs = rollout_sequences(rollouts, need_labels=True)
+    rows = sum(seqs.response_length(i) for i in range(len(seqs.sequences)))
+    if feature == "logits":
+        k, d = 1, int(config.vocab_size)
+    else:
+        k, d = len(resolve_layers(layers, int(config.num_hidden_layers))), int(config.hidden_size)
+    dtype = cache_dtype(feature)
+    return {"rows": rows, "k": k, "d": d, "dtype": dtype,
+            "bytes": rows * k * d * torch.empty((), dtype=dtype).element_size()}
+
+
 class FeatureCache:
-    """States of scored tokens on disk: ``states.bin`` ``[rows, k, d]`` holding the model dtype's raw
-    bits, ``filled.npy`` (which sequences are written) and ``meta.json`` (what was cached). A cache
-    made for other data, model or layers is discarded, never reused."""
+    """States of scored tokens on disk: ``states.bin`` ``[rows, k, d]`` holding the raw bits of
+    ``dtype`` (bfloat16 for hidden states: ``cache_dtype``), only the head's selected states of the
+    response tokens; ``filled.npy`` (which sequences are written), ``mean_logprob.npy`` (the model's
+    mean log-prob of each response, NaN where not computed) and ``meta.json`` (what was cached). A
+    cache made for other data, model, layers or dtype is discarded, never reused. A new cache larger
+    than the free space of its disk is refused before anything is written (a memory map that runs
+    out of disk kills the process)."""
 
     def __init__(self, path: str, spec: dict, row_counts: Sequence[int], k: int, d: int, dtype: torch.dtype):
         self.path = path
@@ -75,28 +118,43 @@ class FeatureCache:
         meta_path = os.path.join(path, "meta.json")
         bin_path = os.path.join(path, "states.bin")
         filled_path = os.path.join(path, "filled.npy")
+        lp_path = os.path.join(path, "mean_logprob.npy")
         old = None
         if os.path.exists(meta_path):
             with open(meta_path) as f:
                 old = json.load(f)
         shape = (max(1, int(self.offsets[-1])), k, d)
-        if old == meta and os.path.exists(bin_path) and os.path.exists(filled_path):
+        #: True when an earlier run's cache for the same data is read back
+        self.reused = old == meta and os.path.exists(bin_path) and os.path.exists(filled_path)
+        if self.reused:
             self.filled = np.load(filled_path)
+            self.mean_logprob = np.load(lp_path) if os.path.exists(lp_path) else np.full(len(row_counts), np.nan)
             self.data = np.memmap(bin_path, dtype=_INT_OF_SIZE[self.size], mode="r+", shape=shape)
         else:
-            for p in (meta_path, bin_path, filled_path):
+            for p in (meta_path, bin_path, filled_path, lp_path):
                 if os.path.exists(p):
                     os.remove(p)
+            need = shape[0] * k * d * self.size
+            free = shutil.disk_usage(path).free
+            if need > free:
+                raise OSError(
+                    f"the feature cache in {path} needs about {_bytes(need)} but its disk has {_bytes(free)} free: "
+                    "free some space, put the cache on another disk, select fewer layers (--layers lastN), or "
+                    "train without a cache (features recomputed every epoch)"
+                )
             self.filled = np.zeros(len(row_counts), dtype=bool)
+            self.mean_logprob = np.full(len(row_counts), np.nan)
             self.data = np.memmap(bin_path, dtype=_INT_OF_SIZE[self.size], mode="w+", shape=shape)
             with open(meta_path, "w") as f:
                 json.dump(meta, f)
         self._filled_path = filled_path
+        self._lp_path = lp_path
 
     def missing(self, keys: Sequence[int]) -> list[int]:
         return [k for k in keys if not self.filled[k]]
 
     def write(self, keys: Sequence[int], states: list[torch.Tensor], cu: torch.Tensor) -> None:
+        # the one rounding to the cache dtype: every epoch reads these same values back
         stacked = torch.stack([s.detach().to("cpu", self.dtype) for s in states], 1)  # [N, k, d]
         raw = stacked.view(_TORCH_INT[self.size]).numpy()
         for j, key in enumerate(keys):
@@ -105,6 +163,10 @@ class FeatureCache:
             self.filled[key] = True
         self.data.flush()
         np.save(self._filled_path, self.filled)
+        self.save_logprobs()
+
+    def save_logprobs(self) -> None:
+        np.save(self._lp_path, self.mean_logprob)
 
     def read(self, keys: Sequence[int], device) -> tuple[list[torch.Tensor], torch.Tensor]:
         parts = [np.asarray(self.data[self.offsets[k] : self.offsets[k + 1]]) for k in keys]
@@ -118,7 +180,11 @@ class FeatureCache:
 
 
 class HFFeatureSource:
-    """``FeatureSource`` over token-id sequences: the head's states, recomputed by the model."""
+    """``FeatureSource`` over token-id sequences: the head's states, recomputed by the model, and
+    the model's mean log-prob of each response (``mean_logprobs``), taken from the same forward.
+
+    ``logprob_keys``: the sequences whose log-probs are wanted (None: all); the others skip the
+    ``lm_head`` pass a log-prob costs."""
 
     def __init__(
         self,
@@ -130,6 +196,7 @@ class HFFeatureSource:
         feature: str,
         cache_dir: str | None = None,
         spec: dict | None = None,
+        logprob_keys: Sequence[int] | None = None,
     ):
         self.model = model
         self.parts = decoder_parts(model)
@@ -140,14 +207,23 @@ class HFFeatureSource:
         self.feature = feature
         self.cache = None
         d = self.parts.vocab_size if feature == "logits" else self.parts.hidden_size
-        dtype = torch.float32 if feature == "logits" else self.parts.lm_head.weight.dtype
+        dtype = cache_dtype(feature)
         counts = [len(s) - p for s, p in zip(sequences, prompt_lengths)]
         #: bytes a feature cache of these sequences takes on disk
         self.cache_bytes = sum(counts) * len(layers) * d * torch.empty((), dtype=dtype).element_size()
+        self.logprob_keys = None if logprob_keys is None else set(int(k) for k in logprob_keys)
+        self._mean_lp = np.full(len(sequences), np.nan)
+        self.cache_note = None
         if cache_dir:
+            self.cache_note = describe_cache(cache_dir, sum(counts), len(layers), d, dtype)
             self.cache = FeatureCache(cache_dir, spec or {}, counts, len(layers), d, dtype)
+            self._mean_lp = self.cache.mean_logprob
+            self.cache_note += (
+                ", read back from an earlier run" if self.cache.reused
+                else ", written during the first epoch and read back afterwards"
+            )
         self.recomputes = self.cache is None
-        self.progress_note = self._note() if self.recomputes else None
+        self.progress_note = self._note() if self.recomputes else self.cache_note
 
     def _note(self) -> str:
         text = "features are recomputed by the model for every batch of every epoch, validation included"
@@ -163,7 +239,12 @@ class HFFeatureSource:
         return text
 
     def _compute(self, keys: Sequence[int]):
-        return extract_features(
+        want = [
+            j for j, k in enumerate(keys)
+            if np.isnan(self._mean_lp[k]) and (self.logprob_keys is None or k in self.logprob_keys)
+        ]
+        on_final = self._logprob_hook(keys, want) if want else None
+        out = extract_features(
             self.model,
             [self.sequences[k] for k in keys],
             [self.prompt_lengths[k] for k in keys],
@@ -171,7 +252,41 @@ class HFFeatureSource:
             alignment=self.alignment,
             feature=self.feature,
             dtype=torch.float32 if self.feature == "logits" else None,
+            on_final=on_final,
         )
+        return out
+
+    def _logprob_hook(self, keys: Sequence[int], want: list[int]):
+        """A hook for ``extract_features(on_final=...)`` that stores the mean log-prob of the
+        responses ``keys[j]`` for ``j`` in ``want`` (sequences whose prompt is empty have no state
+        predicting their first token: they stay NaN)."""
+        seqs = [self.sequences[keys[j]] for j in want]
+        plens = [self.prompt_lengths[keys[j]] for j in want]
+        ok = [p >= 1 and len(s) > p for s, p in zip(seqs, plens)]
+
+        def on_final(h: torch.Tensor) -> None:
+            # log P(r_j | prefix) comes from the logits at the position before r_j: the 'predicting' rows
+            lengths = [len(s) if good else 1 for s, good in zip(seqs, ok)]
+            starts = [p if good else 1 for p, good in zip(plens, ok)]
+            width = h.shape[1]
+            rows = []
+            for row, j in enumerate(want):
+                b = j  # row of the batch the forward ran: sequences keep their order in ``keys``
+                rows.append(torch.arange(b * width + starts[row] - 1, b * width + lengths[row] - 1))
+            rows_t = torch.cat(rows).to(h.device)
+            targets = torch.tensor(
+                [t for s, p, good in zip(seqs, plens, ok) if good for t in s[p:]], dtype=torch.long
+            )
+            hidden = h.reshape(-1, h.shape[-1]).index_select(0, rows_t).to(self.parts.lm_head.weight.device)
+            lp = logprobs_from_hidden(hidden, self.parts.lm_head, targets.to(hidden.device)).double().cpu()
+            a = 0
+            for row, j in enumerate(want):
+                m = lengths[row] - starts[row]
+                if ok[row]:
+                    self._mean_lp[keys[j]] = float(lp[a : a + m].mean())
+                a += m
+
+        return on_final
 
     def features(self, keys: Sequence[int]):
         if self.cache is None:
@@ -181,6 +296,23 @@ class HFFeatureSource:
             states, cu = self._compute(missing)
             self.cache.write(missing, states, cu)
         return self.cache.read(keys, self.parts.device)
+
+    def mean_logprobs(self, keys: Sequence[int]) -> torch.Tensor:
+        """Mean ``log P(r_j | prompt, r_<j)`` of each response ``keys`` under the model (no
+        temperature), float64 ``[len(keys)]``; computed with the features when they were, here
+        otherwise. NaN for a sequence with an empty prompt or an empty response."""
+        todo = [k for k in keys if np.isnan(self._mean_lp[k]) and self.prompt_lengths[k] >= 1
+                and len(self.sequences[k]) > self.prompt_lengths[k]]
+        if todo:
+            wanted, self.logprob_keys = self.logprob_keys, None
+            try:
+                for a in range(0, len(todo), 16):
+                    self._compute(todo[a : a + 16])
+            finally:
+                self.logprob_keys = wanted
+            if self.cache is not None:
+                self.cache.save_logprobs()
+        return torch.tensor([self._mean_lp[k] for k in keys], dtype=torch.float64)
 
 
 def _data_digest(seqs: RolloutSequences) -> str:
@@ -250,7 +382,9 @@ def train_from_rollouts(
     Candidates with an empty response carry no scored token and are left out (counted in the
     head's provenance as ``skipped_empty``). Returns ``(head, result)``; the head is bound to
     the model and its ``provenance`` records data, label balance per split, loss, optimiser,
-    best epoch and validation metrics.
+    best epoch, validation metrics and ``baselines`` (``result.baselines``: the head's validation
+    AUC and Best-of-N beside those of response length and of the model's mean log-prob, computed
+    in the forward passes that give the features, and a verdict; ``free_baselines``).
 
     Raises ``swift_fast.training.LabelBalanceError`` before computing any feature when a split
     cannot teach the loss (a single class for bce/hinge; no problem with both a correct and an
@@ -284,7 +418,8 @@ def train_from_rollouts(
         "data": _data_digest(seqs),
     }
     source = HFFeatureSource(
-        model, seqs.sequences, seqs.prompt_lengths, head.layers, alignment, feature, cache_dir, spec
+        model, seqs.sequences, seqs.prompt_lengths, head.layers, alignment, feature, cache_dir, spec,
+        logprob_keys=[e.key for e in sp.val],
     )
     result = train_head(
         head,
@@ -305,7 +440,7 @@ def train_from_rollouts(
     labels = [bool(seqs.labels[i]) for i in keep]
     from .. import __version__
 
-    head.provenance = _finite_or_none({
+    head.provenance = finite_or_none({
         "swift_fast": __version__,
         "data": {
             "path": data_path,
@@ -330,17 +465,18 @@ def train_from_rollouts(
         "best_epoch": result.best_epoch,
         "stopped_early": result.stopped_early,
         "val_metrics": result.val_metrics,
+        "baselines": result.baselines,
         "history": result.history,
     })
     return head, result
 
 
-def _finite_or_none(x):
+def finite_or_none(x):
     """NaN and infinity (an AUC without both classes, say) become null: the metadata stays strict JSON."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
-        return {k: _finite_or_none(v) for k, v in x.items()}
+        return {k: finite_or_none(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_finite_or_none(v) for v in x]
+        return [finite_or_none(v) for v in x]
     return x
