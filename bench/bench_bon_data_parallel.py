@@ -60,8 +60,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
 
-    from swift_fast.cli.quiet import quiet_vllm_logs
     from swift_fast.datasets import load_dataset
+    from swift_fast.engine_logs import quiet_vllm_logs
     from swift_fast.hf.collect import CollectConfig, VLLMEngine
 
     quiet_vllm_logs()

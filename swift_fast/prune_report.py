@@ -199,12 +199,9 @@ def plot_sweep(rows: Sequence[dict], path: str, title: str = "Pruning during Bes
     """Accuracy against generated tokens (fraction of full Best-of-N) for each swept setting, one
     colour per signal, full Best-of-N at (1, its accuracy); ``measured``: ``(label, fraction,
     accuracy)`` of engine runs, drawn as stars."""
-    import matplotlib
+    from .plotting import figure, save, titles
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = figure(8.0, 5.0)
     colours = {"swift": "tab:blue", "confidence": "tab:orange", "combined": "tab:green", RANDOM: "tab:gray"}
     labels = {"swift": "running SWIFT score", "confidence": "DeepConf lowest-group confidence",
               "combined": "both (rank combination)", RANDOM: "random ranks (baseline)"}
@@ -223,16 +220,14 @@ def plot_sweep(rows: Sequence[dict], path: str, title: str = "Pruning during Bes
                    zorder=3)
     for label, x, y in measured:
         ax.scatter([x], [100 * y], marker="*", s=140, zorder=4, label=label, edgecolor="black")
-    ax.set_xlabel("generated tokens (fraction of full Best-of-N)")
-    ax.set_ylabel("BoN accuracy by SWIFT (%)")
+    ax.set_xlabel("tokens generated, as a fraction of full Best-of-N")
+    ax.set_ylabel("Best-of-N accuracy, choosing by SWIFT (%)")
     ax.set_xlim(0, 1.05)
-    ax.set_title(title)
+    titles(fig, ax, title, "each dot: one pruning setting (warm-up, interval, share kept) replayed on the full "
+           "run's per-token values; line: the best accuracy reached at each token budget; upper left is better")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def summary_text(c: dict, label: str = "pruned") -> str:

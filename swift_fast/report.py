@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
@@ -27,7 +26,9 @@ class Candidates:
     ``correct`` bool ``[P, n]``; ``answers`` hashable keys (None: no answer); ``scores`` named
     float64 ``[P, n]`` columns (NaN where a candidate has no such score); ``pruned`` bool
     ``[P, n]``, candidates stopped during generation (``swift_pruned``), which no selection picks
-    while their problem has another one (None: none was).
+    while their problem has another one (None: none was); ``truncated`` bool ``[P, n]``,
+    candidates that stopped at the length limit (``finish_reason`` "length"; all False where
+    the rollouts do not record it).
     """
 
     ids: list[str]
@@ -35,6 +36,7 @@ class Candidates:
     answers: list[list[Hashable | None]]
     scores: dict[str, torch.Tensor] = field(default_factory=dict)
     pruned: torch.Tensor | None = None
+    truncated: torch.Tensor | None = None
 
     @property
     def n(self) -> int:
@@ -90,12 +92,14 @@ def gather(
         for k, v in signal_columns(problems, n, where).items():
             scores.setdefault(k, v)
     pruned = [[bool(c.get("swift_pruned")) for c in p.candidates[:n]] for p in problems]
+    truncated = [[c.get("finish_reason") == "length" for c in p.candidates[:n]] for p in problems]
     return Candidates(
         ids=[p.id for p in problems],
         correct=torch.tensor(correct, dtype=torch.bool),
         answers=answers,
         pruned=torch.tensor(pruned, dtype=torch.bool) if any(map(any, pruned)) else None,
         scores=scores,
+        truncated=torch.tensor(truncated, dtype=torch.bool),
     )
 
 
@@ -123,26 +127,29 @@ TRIVIAL = {
 
 def record_trace_signals(problems: Sequence[Problem], window: int) -> int:
     """The :data:`SIGNAL_FIELDS` of every candidate that carries the vLLM plugin's per-token values
-    (``swift_trace``), written onto it; the same quantities ``swift_fast.hf.record_signals`` computes
-    with a second forward, here free. ``mean_logprob`` needs the trace's ``logprob`` (SAR on).
-    Returns how many candidates got all four."""
+    (``swift_trace``), written onto it (:func:`trace_signals`). Returns how many candidates got
+    all four."""
+    return sum(trace_signals(c, window) for p in problems for c in p.candidates)
+
+
+def trace_signals(c: dict, window: int) -> bool:
+    """Write a candidate's :data:`SIGNAL_FIELDS` from its ``swift_trace``: the same quantities
+    ``swift_fast.hf.record_signals`` computes with a second forward, here free. ``mean_logprob``
+    needs the trace's ``logprob`` (SAR on). Whether all four were written."""
     from .confidence import lowest_group, tail
 
-    done = 0
-    for p in problems:
-        for c in p.candidates:
-            tr = c.get("swift_trace")
-            if not isinstance(tr, dict):
-                continue
-            c["num_tokens"] = len(c["token_ids"])
-            conf = tr.get("confidence") or []
-            c["conf_lowest"] = lowest_group(conf, window) if conf else None
-            c["conf_tail"] = tail(conf, window) if conf else None
-            lp = tr.get("logprob")
-            if lp is not None:  # with SAR on only
-                c["mean_logprob"] = sum(lp) / len(lp) if lp else None
-                done += 1
-    return done
+    tr = c.get("swift_trace")
+    if not isinstance(tr, dict):
+        return False
+    c["num_tokens"] = len(c["token_ids"])
+    conf = tr.get("confidence") or []
+    c["conf_lowest"] = lowest_group(conf, window) if conf else None
+    c["conf_tail"] = tail(conf, window) if conf else None
+    lp = tr.get("logprob")
+    if lp is None:  # with SAR on only
+        return False
+    c["mean_logprob"] = sum(lp) / len(lp) if lp else None
+    return True
 
 
 def signal_columns(problems: Sequence[Problem], n: int, where: str = "") -> dict[str, torch.Tensor]:
@@ -255,6 +262,18 @@ def trivial_selectors(c: Candidates) -> dict[str, Selector]:
     return {name: signed(key, sign) for name, (key, sign) in TRIVIAL.items() if key in c.scores}
 
 
+#: A score column's row name in every report (README, demo, ``bon``, ``eval``): the product's
+#: scores by their papers' names, any other column by its own.
+SELECTOR_NAMES = {"swift_score": "SWIFT", "sar": "SAR"}
+
+#: Rows that are not a score under test: the baselines and the bound.
+BASELINE_ROWS = ("random", "majority", "oracle pass@k")
+
+
+def selector_name(key: str) -> str:
+    return SELECTOR_NAMES.get(key, key)
+
+
 def standard_selectors(
     score: str | None,
     external: str | None = None,
@@ -262,18 +281,19 @@ def standard_selectors(
     trivial: dict[str, Selector] | None = None,
 ) -> dict[str, Selector]:
     """The report's rows: random, majority, the ``trivial`` selectors (see
-    :func:`trivial_selectors`), then selection by each score and their combinations, oracle last."""
+    :func:`trivial_selectors`), then selection by each score column (named by
+    :func:`selector_name`) and their combinations, oracle last."""
     rows: dict[str, Selector] = {"random": random_choice, "majority": majority}
     rows.update(trivial or {})
     for key in (score, sar, external):
         if key:
-            rows[key] = best_of(key)
+            rows[selector_name(key)] = best_of(key)
     if score:
-        rows[f"{score} weighted vote"] = weighted(score)
+        rows[f"{selector_name(score)} weighted vote"] = weighted(score)
     for other in (sar, external):
         if score and other:
-            rows[f"{score}+{other} rank"] = ranked(score, other)
-            rows[f"{score}+{other} scaled"] = scaled(score, other)
+            rows[f"{selector_name(score)}+{selector_name(other)} rank"] = ranked(score, other)
+            rows[f"{selector_name(score)}+{selector_name(other)} scaled"] = scaled(score, other)
     rows["oracle pass@k"] = oracle
     return rows
 
@@ -352,47 +372,129 @@ def format_table(t: Table, ci: bool = True) -> str:
     return "\n".join(lines)
 
 
-def plot(t: Table, path: str, title: str = "Best-of-N accuracy") -> str:
-    """Accuracy against k (log2 axis), one line per selector with its CI band; PNG at ``path``."""
-    import matplotlib
+def plot(t: Table, path: str, title: str = "Best-of-N accuracy", highlight: Sequence[str] = ("SWIFT",)) -> str:
+    """Accuracy against k (log2 axis), one line per selector; PNG at ``path``. The rows in
+    ``highlight`` (the scores under test) are drawn bold with their 95% CI band, oracle and random
+    as the bounds, the baselines thin and dash-dotted: with a dozen rows, bands on every line
+    would hide them all."""
+    from .plotting import figure, pyplot, save, titles
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8.5, 4.5), dpi=120)
+    plt = pyplot()
+    fig, ax = figure(9.0, 4.8)
     # tab20's dark shades first, then its light ones, greys left to oracle and random: distinct
-    # colours for up to 18 rows; the baselines (majority and the trivial selectors) dash-dotted,
-    # the scores solid
+    # colours for up to 18 rows
     tab20 = [c for c in plt.get_cmap("tab20").colors if not c[0] == c[1] == c[2]]
     palette = iter(tab20[0::2] + tab20[1::2])
+    banded = [r for r in highlight if r in t.rows]
     for name in t.rows:
         ys = [100 * t.rows[name][k] for k in t.ks]
         style = (
-            dict(ls="--", color="grey") if name == "oracle pass@k"
+            dict(ls="--", color="grey", zorder=6) if name == "oracle pass@k"  # above a score that reaches it
             else dict(ls=":", color="black") if name == "random"
-            else dict(ls="-.", lw=1, color=next(palette, None)) if name in TRIVIAL or name == "majority"
-            else dict(lw=1.8, color=next(palette, None))
+            else dict(ls="-.", lw=1, color=next(palette, None), alpha=0.8) if name in TRIVIAL or name == "majority"
+            else dict(lw=2.6, color="tab:blue", zorder=5) if name in banded[:1]
+            else dict(lw=1.6, color=next(palette, None))
         )
         (line,) = ax.plot(t.ks, ys, marker="o", ms=3, label=name, **style)
-        lo = [100 * t.ci[name][k][0] for k in t.ks]
-        hi = [100 * t.ci[name][k][1] for k in t.ks]
-        ax.fill_between(t.ks, lo, hi, alpha=0.12, color=line.get_color())
+        if name in banded:
+            lo = [100 * t.ci[name][k][0] for k in t.ks]
+            hi = [100 * t.ci[name][k][1] for k in t.ks]
+            ax.fill_between(t.ks, lo, hi, alpha=0.15, color=line.get_color())
     ax.set_xscale("log", base=2)
     ax.set_xticks(t.ks)
     ax.set_xticklabels([str(k) for k in t.ks])
-    ax.set_xlabel("k (candidates per problem)")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"{title} ({t.num_problems} problems)")
+    ax.set_xlabel("k: candidates per problem the selector chooses among (the first k generated)")
+    ax.set_ylabel("accuracy of the chosen candidate (%)")
+    band = f"; band: 95% bootstrap CI of {', '.join(banded)}" if banded else ""
+    titles(fig, ax, title, f"Best-of-N over {t.num_problems} problems: each line is one way to choose a candidate"
+           f"{band}; oracle: any of the k is correct; random: expected accuracy of one sample", legend_width=2.2)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return save(fig, path)
 
 
 def save_json(t: Table, path: str, **extra) -> str:
     with open(path, "w", encoding="utf-8") as f:
         json.dump({**t.to_json(), **extra}, f, indent=2)
     return path
+
+
+BOOTSTRAP_METHOD = "paired percentile bootstrap over problems, {reps} resamples"
+
+
+def selection_summary(c: Candidates, t: Table, score: str = "SWIFT", reps: int = 2000) -> dict:
+    """What a reader of a Best-of-N table needs at ``k = max(t.ks)``, for the row ``score``:
+
+    - the single-sample accuracy: per problem the mean correctness of its first k candidates
+      (the expectation of one sample; the k=1 column is the first candidate alone), and the
+      paired difference ``score@k`` minus it;
+    - the best trivial selector (majority vote and the :data:`TRIVIAL` rows present; the first
+      of the best on a tie) and the paired difference ``score@k`` minus it;
+    - the best score row (every row that is neither a baseline nor trivial) against majority;
+    - how many candidates stopped at the length limit, and how many of those were graded
+      correct (a complete final answer before the limit).
+
+    Differences carry a 95% paired percentile bootstrap interval over problems (``reps``
+    resamples, :func:`bootstrap_ci`)."""
+    k = max(t.ks)
+    if score not in t.rows:
+        raise ValueError(f"no row {score!r} in the table (rows: {', '.join(t.rows)})")
+    method = BOOTSTRAP_METHOD.format(reps=reps)
+    single = c.correct[:, :k].double().mean(1)
+    d = t.outcomes[score][k] - single
+    lo, hi = bootstrap_ci(d, reps=reps)
+    internal = [r for r in t.rows if r not in BASELINE_ROWS and r not in TRIVIAL]
+    best_internal = max(internal, key=lambda r: t.rows[r][k])
+    trivial = [r for r in (*TRIVIAL, "majority") if r in t.rows]
+    out = {
+        "problems": t.num_problems,
+        "k": k,
+        "score": score,
+        "single_sample_accuracy": single.mean().item(),
+        "swift_minus_single": {"difference": d.mean().item(), "ci95": [lo, hi], "method": method},
+        "best_internal": {"selector": best_internal, "accuracy": t.rows[best_internal][k]},
+        "majority": t.rows["majority"][k],
+        "trivial": {r: t.rows[r][k] for r in trivial},
+    }
+    truncated = c.truncated[:, :k] if c.truncated is not None else torch.zeros_like(c.correct[:, :k])
+    out["candidates"] = int(c.correct[:, :k].numel())
+    out["truncated"] = {"candidates": int(truncated.sum()), "graded_correct": int((truncated & c.correct[:, :k]).sum())}
+    best_trivial = max(trivial, key=lambda r: t.rows[r][k])
+    dt, dt_lo, dt_hi = t.difference_ci(score, best_trivial, k, reps=reps)
+    out["best_trivial"] = {"selector": best_trivial, "accuracy": t.rows[best_trivial][k]}
+    out["swift_minus_best_trivial"] = {"selector": best_trivial, "difference": dt, "ci95": [dt_lo, dt_hi],
+                                       "method": method}
+    out["bar"] = {
+        "swift_10_points_over_single": d.mean().item() >= 0.10 and lo > 0,
+        "best_internal_at_least_majority": t.rows[best_internal][k] >= t.rows["majority"][k],
+        "swift_above_best_trivial": dt_lo > 0,
+    }
+    return out
+
+
+def _points(d: dict) -> str:
+    return (f"{100 * d['difference']:+.1f} points, 95% CI "
+            f"[{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}]")
+
+
+def summary_text(s: dict) -> str:
+    """The lines under a table: the score against a single sample and against the best trivial
+    selector, the best score row against majority, and the truncated candidates."""
+    d = s["swift_minus_single"]
+    k, name = s["k"], s.get("score", "SWIFT")
+    lines = [
+        f"single-sample accuracy {100 * s['single_sample_accuracy']:.1f}% (mean over all {k} candidates of each "
+        f"problem); {name}@{k} minus single sample {_points(d)} ({d['method']})",
+        f"best trivial selector at k={k}: {s['best_trivial']['selector']} {100 * s['best_trivial']['accuracy']:.1f}%; "
+        f"{name}@{k} minus {s['best_trivial']['selector']} {_points(s['swift_minus_best_trivial'])} "
+        "(paired, same bootstrap)",
+        f"best score at k={k}: {s['best_internal']['selector']} {100 * s['best_internal']['accuracy']:.1f}% vs "
+        f"majority {100 * s['majority']:.1f}%",
+    ]
+    tr = s.get("truncated")
+    if tr is not None:
+        lines.append(
+            f"truncated: {tr['candidates']:,} of {s['candidates']:,} candidates stopped at the length limit"
+            + (f" ({tr['graded_correct']:,} of them graded correct)" if tr["candidates"] else "")
+        )
+    return "\n".join(lines)

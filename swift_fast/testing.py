@@ -202,12 +202,16 @@ def _tail(path: str, n: int = 4000) -> str:
 @contextlib.contextmanager
 def serve(model: str, head: str, log_path: str | os.PathLike, *, sar: bool = False, eager: bool = False,
           max_model_len: int = 256, kv_cache_bytes: int | None = None, extra: tuple = (),
-          startup_timeout: float = 600.0, cwd: str | None = None):
+          startup_timeout: float = 600.0, cwd: str | None = None, quiet: bool = False):
     """``swift-fast serve --head HEAD [--sar] MODEL`` (float32, seed 0) on a free loopback port, in its
     own process group, its output in ``log_path`` at vLLM's INFO level; yields a :class:`Server` once
-    ``/health`` answers and stops the whole group afterwards. ``extra``: more ``vllm serve`` arguments."""
+    ``/health`` answers and stops the whole group afterwards. ``extra``: more ``vllm serve`` arguments.
+    ``quiet``: as a user runs it (no ``--verbose``): vLLM's start-up output goes to
+    ``<log_path>.startup`` and ``log_path`` gets the command's own lines, then the running server's."""
     port = free_port()
-    cmd = [sys.executable, "-m", "swift_fast", "serve", "--head", head, *(["--sar"] if sar else []), model,
+    log_path = os.fspath(log_path)
+    own = ["--startup-log", log_path + ".startup"] if quiet else ["--verbose"]
+    cmd = [sys.executable, "-m", "swift_fast", "serve", "--head", head, *(["--sar"] if sar else []), *own, model,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
            "--max-model-len", str(max_model_len),
            *(["--kv-cache-memory-bytes", str(kv_cache_bytes)] if kv_cache_bytes else []),
@@ -215,7 +219,6 @@ def serve(model: str, head: str, log_path: str | os.PathLike, *, sar: bool = Fal
     # unbuffered, at INFO: start-up lines and request logs reach the log as they happen
     env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="INFO")
     url = f"http://127.0.0.1:{port}"
-    log_path = os.fspath(log_path)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=cwd)
         try:

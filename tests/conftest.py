@@ -44,7 +44,7 @@ def cpu_backend(request):
 
 @pytest.fixture
 def vllm_logs_restored(monkeypatch):
-    """A command run in this process quiets vLLM (``swift_fast.cli.quiet``: environment, logger
+    """A command run in this process quiets vLLM (``swift_fast.engine_logs``: environment, logger
     levels); what it changes is put back after the test."""
     import logging
 

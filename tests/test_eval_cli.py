@@ -38,13 +38,13 @@ def test_table_by_hand():
     r = t.rows
     assert r["random"][4] == pytest.approx((1 / 4 + 2 / 4 + 0) / 3)
     assert r["random"][1] == pytest.approx(0.0)
-    assert r["swift_score"][4] == pytest.approx(1 / 3)  # p0 only
+    assert r["SWIFT"][4] == pytest.approx(1 / 3)  # p0 only
     assert r["rm"][4] == pytest.approx(1 / 3)  # p1 only
     assert r["majority"][4] == pytest.approx(1 / 3)  # p1 only
     assert r["oracle pass@k"] == {1: 0.0, 2: pytest.approx(2 / 3), 4: pytest.approx(2 / 3)}
     # rank combination p0: swift ranks [3,0,2,1], rm ranks [2,3,1,0] -> max [3,3,2,1] -> c3 (wrong)
     # p1: swift [0,3,2,1], rm [3,2,0,1] -> max [3,3,2,1] -> c3 (wrong)
-    assert r["swift_score+rm rank"][4] == 0.0
+    assert r["SWIFT+rm rank"][4] == 0.0
     lo, hi = t.ci["oracle pass@k"][4]
     assert 0.0 <= lo <= 2 / 3 <= hi <= 1.0
 
@@ -64,10 +64,10 @@ def test_eval_cli_prints_table_and_writes_plot(tmp_path, capsys):
     png, js = tmp_path / "p.png", tmp_path / "s.json"
     assert main(["eval", str(f), "--external", "rm", "--plot", str(png), "--json", str(js), "--bootstrap", "100"]) == 0
     out = capsys.readouterr().out
-    assert "majority" in out and "swift_score+rm scaled" in out and "oracle pass@k" in out
+    assert "majority" in out and "SWIFT+rm scaled" in out and "oracle pass@k" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads(js.read_text())
-    assert summary["accuracy"]["swift_score"]["4"] == pytest.approx(1 / 3)
+    assert summary["accuracy"]["SWIFT"]["4"] == pytest.approx(1 / 3)
 
 
 def test_eval_errors_name_file_and_line(tmp_path, capsys):

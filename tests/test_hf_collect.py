@@ -49,7 +49,8 @@ def _check_rollouts(path, tok, n, max_new):
             else:
                 assert c["finish_reason"] == "length" and len(ids) == max_new and tok.eos_token_id not in ids
             assert c["text"] == tok.decode(ids, skip_special_tokens=True)
-            assert isinstance(c["correct"], bool) and c["correct"] == grade(c["text"], p.reference)
+            assert isinstance(c["correct"], bool)
+            assert c["correct"] == grade(c["text"], p.reference, finish_reason=c["finish_reason"])
             assert "answer" in c
             ends.append(c["finish_reason"])
     return problems, ends
@@ -148,3 +149,36 @@ def test_collect_cli_with_vllm(tmp_path_factory, data_file, tmp_path, capsys):
     problems, ends = _check_rollouts(out, tok, 4, 12)
     assert [p.extra["engine"] for p in problems] == ["vllm", "vllm", "transformers"]
     assert "stop" in ends[:8]  # vLLM keeps the end-of-turn token it stopped on
+
+
+def test_collect_warns_after_its_first_chunk_when_almost_nothing_is_correct(caplog):
+    from swift_fast.hf.collect import CollectConfig, warn_few_correct
+
+    cfg = CollectConfig(n=8, temperature=1.0)
+    with caplog.at_level("WARNING", logger="swift_fast.collect"):
+        assert warn_few_correct(0, 40, 5, cfg) is True
+        assert warn_few_correct(1, 40, 5, CollectConfig(n=8, temperature=0.5)) is True
+        assert warn_few_correct(2, 40, 5, cfg) is False  # 5%: not "almost nothing"
+        assert warn_few_correct(0, 0, 0, cfg) is False
+    first, second = (r.getMessage() for r in caplog.records)
+    assert "after the first 5 problems only 0 of 40 candidates (0.0%) are correct" in first
+    assert "a lower temperature (--temperature 0.5; now 1)" in first and "--n 16" in first
+    assert "1 of 40 candidates (2.5%)" in second and "temperature" not in second  # already low
+
+
+def test_collect_on_a_model_that_gets_nothing_right_says_so(tmp_path_factory, data_file, tmp_path, caplog):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from swift_fast.datasets import load_dataset
+    from swift_fast.hf.collect import CollectConfig, HFEngine, collect
+
+    path = eos_prone_model_dir(tmp_path_factory)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    cfg = CollectConfig(n=2, max_new_tokens=6, chunk=2, seed=1, grade_timeout=None)
+    with caplog.at_level("WARNING", logger="swift_fast.collect"):
+        stats = collect(HFEngine(model, tok), tok, load_dataset(data_file), tmp_path / "r.jsonl", cfg, progress=False)
+    first = read_rollouts(tmp_path / "r.jsonl")[:2]
+    right = sum(c["correct"] for p in first for c in p.candidates)
+    assert stats["written"] == 3 and right < 0.05 * 4  # a random model: nothing right
+    assert [r.getMessage()[:53] for r in caplog.records] == ["swift-fast collect: after the first 2 problems only 0"]

@@ -191,3 +191,59 @@ def test_combinations_oracle_and_random_leave_pruned_candidates_out():
     assert report.scaled("swift_score", "sar")(c, 3).tolist() == [0.0, 1.0]
     assert report.oracle(c, 3).tolist() == [0.0, 1.0]
     assert report.random_choice(c, 3).tolist() == [0.0, pytest.approx(2 / 3)]
+
+
+def test_selection_summary_by_hand_single_sample_differences_and_truncation():
+    """Every problem has 1 correct candidate of 4: single-sample accuracy 1/4 (the k=1 column is
+    the first candidate alone: 0); SWIFT picks the correct one on 6 of 8 problems."""
+    probs = _demo_problems()
+    probs[0].candidates[2]["finish_reason"] = "length"  # cut off, graded correct (a complete answer)
+    probs[1].candidates[0]["finish_reason"] = "length"
+    probs[1].candidates[1]["finish_reason"] = "stop"
+    c = report.gather(probs, ["swift_score", "sar"], signals=True)
+    t = report.bon_table(c, report.standard_selectors("swift_score", sar="sar", trivial=report.trivial_selectors(c)),
+                         ks=[1, 4], reps=300)
+    s = report.selection_summary(c, t, "SWIFT", reps=300)
+    assert t.rows["SWIFT"][1] == 0.0 and s["single_sample_accuracy"] == 0.25
+    d = s["swift_minus_single"]
+    assert d["difference"] == pytest.approx(6 / 8 - 1 / 4) and d["ci95"][0] <= 0.5 <= d["ci95"][1]
+    assert s["best_trivial"]["selector"] == "longest" and s["swift_minus_best_trivial"]["difference"] == -0.25
+    assert s["best_internal"]["selector"] in ("SWIFT", "SWIFT weighted vote", "SAR", "SWIFT+SAR rank",
+                                              "SWIFT+SAR scaled")
+    assert s["candidates"] == 32 and s["truncated"] == {"candidates": 2, "graded_correct": 1}
+    text = report.summary_text(s)
+    assert "single-sample accuracy 25.0% (mean over all 4 candidates of each problem)" in text
+    assert "SWIFT@4 minus single sample +50.0 points" in text and "SWIFT@4 minus longest -25.0 points" in text
+    assert "truncated: 2 of 32 candidates stopped at the length limit (1 of them graded correct)" in text
+    with pytest.raises(ValueError, match="no row 'rm'"):
+        report.selection_summary(c, t, "rm")
+
+
+def test_rows_carry_the_same_names_everywhere():
+    names = list(report.standard_selectors("swift_score", "rm", "sar"))
+    assert names == ["random", "majority", "SWIFT", "SAR", "rm", "SWIFT weighted vote", "SWIFT+SAR rank",
+                     "SWIFT+SAR scaled", "SWIFT+rm rank", "SWIFT+rm scaled", "oracle pass@k"]
+
+
+def test_figures_fit_their_titles(tmp_path):
+    """A long title is wrapped inside the figure, never cut at its edges or widening the image."""
+    from PIL import Image
+
+    from swift_fast import prune_report
+
+    long = "pruning during Best-of-N: lag (the solver reads the first term twice and stays one term behind)"
+    c = report.gather(_demo_problems(), ["swift_score", "sar"], signals=True)
+    t = report.bon_table(c, report.standard_selectors("swift_score", sar="sar", trivial=report.trivial_selectors(c)),
+                         ks=[1, 2, 4], reps=50)
+    rows = [{"settings": {"signal": sig, "warmup": 4, "every": 4, "keep": k, "min_keep": 1, "window": 4},
+             "accuracy": a, "full_accuracy": 0.75, "token_fraction": f}
+            for sig, k, a, f in (("swift", 0.5, 0.75, 0.6), ("confidence", 0.5, 0.5, 0.55),
+                                 ("combined", 0.25, 0.6, 0.4), ("random", 0.5, 0.55, 0.6))]
+    for path, draw, (w, h) in (
+        (tmp_path / "bon.png", lambda p: report.plot(t, str(p), title="swift-fast demo: " + long), (9.0, 4.8)),
+        (tmp_path / "prune.png", lambda p: prune_report.plot_sweep(rows, str(p), title=long), (8.0, 5.0)),
+    ):
+        draw(path)
+        width, height = Image.open(path).size
+        # bbox_inches="tight" grows the image around anything outside it: a cut or overlong title would
+        assert width <= (w + 0.4) * 120 and height <= (h + 0.4) * 120, (path.name, width, height)

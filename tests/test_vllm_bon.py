@@ -29,12 +29,16 @@ def test_bon_cli_generates_scores_grades_and_reports(tmp_path, capsys):
     out = tmp_path / "run" / "bon.jsonl"
     rc = main([
         "bon", "--model", path, "--head", str(hp), "--data", str(data), "--n", "4", "--sar",
-        "--max-new-tokens", "8", "--dtype", "float32", "--out", str(out), "--bootstrap", "50", "--no-progress",
+        "--max-new-tokens", "8", "--dtype", "float32", "--out", str(out), "--bootstrap", "50",
         "--vllm", "enforce_eager=true", "--vllm", "max_model_len=256",
         "--vllm", f"kv_cache_memory_bytes={1024 * KV_BYTES_PER_TOKEN}",
     ])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert rc == 0, printed
+    # progress counts candidates (not a terminal: one line when the phase ends); vLLM's own output is in the log
+    assert "generate (vllm+swift): 12/12 candidates in " in captured.err, captured.err
+    assert "Processed prompts" not in captured.err + printed and (tmp_path / "run" / "bon.vllm.log").exists()
     problems = read_rollouts(out)
     assert [p.id for p in problems] == ["q0", "q1", "q2"]
     ref = Ref(path)
@@ -55,11 +59,31 @@ def test_bon_cli_generates_scores_grades_and_reports(tmp_path, capsys):
                                atol=ATOL)
     summary = json.loads((tmp_path / "run" / "bon.summary.json").read_text())
     assert summary["ks"] == [1, 2, 4] and summary["num_problems"] == 3
-    for row in ("majority", "longest", "shortest", "swift_score", "sar", "swift_score+sar rank",
-                "swift_score weighted vote", "oracle pass@k"):
-        assert row in summary["accuracy"]
+    # every traced run records the trivial selectors' columns: mean log-prob (SAR on) and confidence too
+    rows = ["random", "majority", "longest", "shortest", "mean logprob", "confidence (lowest group)",
+            "confidence (tail)", "SWIFT", "SAR", "SWIFT weighted vote", "SWIFT+SAR rank", "SWIFT+SAR scaled",
+            "oracle pass@k"]
+    assert list(summary["accuracy"]) == rows
+    for p in problems:
+        for c in p.candidates:
+            assert c["num_tokens"] == len(c["token_ids"]) and "swift_trace" not in c
+            assert c["mean_logprob"] is not None and c["conf_lowest"] is not None
     assert (tmp_path / "run" / "bon.bon.png").stat().st_size > 1000
-    assert "swift_score" in printed and "oracle pass@k" in printed and "k=4" in printed
+    assert "SWIFT" in printed and "oracle pass@k" in printed and "k=4" in printed
+    # under the table: single-sample accuracy, the paired differences, the truncated candidates
+    s = summary["summary"]
+    single = sum(c["correct"] for p in problems for c in p.candidates) / 12
+    assert s["single_sample_accuracy"] == pytest.approx(single)
+    assert s["truncated"]["candidates"] == sum(c["finish_reason"] == "length" for p in problems for c in p.candidates)
+    assert f"single-sample accuracy {100 * single:.1f}%" in printed and "SWIFT@4 minus single sample" in printed
+    assert f"SWIFT@4 minus {s['best_trivial']['selector']}" in printed and "stopped at the length limit" in printed
+    # `eval` on the same file: the same rows, the same figures
+    rc = main(["eval", str(out), "--sar", "sar", "--bootstrap", "50", "--plot", "none",
+               "--json", str(tmp_path / "eval.json")])
+    assert rc == 0
+    ev = json.loads((tmp_path / "eval.json").read_text())
+    assert list(ev["accuracy"]) == rows and ev["accuracy"] == summary["accuracy"]
+    assert ev["summary"]["single_sample_accuracy"] == pytest.approx(single)
 
 
 def test_bon_cli_rejects_a_bad_vllm_argument(tmp_path, capsys):
@@ -107,7 +131,9 @@ def test_bon_cli_prune_compares_with_full_best_of_n_on_the_same_draws(tmp_path, 
     n_pruned = 0
     for a, b in zip(full, pruned):
         for ca, cb in zip(a.candidates, b.candidates):
-            assert "swift_trace" in ca and "swift_trace" in cb and ca["swift_pruned"] is False
+            # the full run keeps its per-token values (the sweep replays them), the pruned run its columns
+            assert "swift_trace" in ca and "swift_trace" not in cb and "conf_lowest" in cb
+            assert ca["swift_pruned"] is False
             assert cb["token_ids"] == ca["token_ids"][: len(cb["token_ids"])], "same seeds, same draws"
             n_pruned += cb["swift_pruned"]
             if cb["swift_pruned"]:

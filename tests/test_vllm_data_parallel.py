@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,8 +40,9 @@ def server(tmp_path_factory):
     old = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"  # one core for each engine core's worker
     try:
+        # started as a user starts it (no --verbose): test_startup_output_is_held_until_ready reads what it printed
         with serve(path, hp, root / "server.log", sar=True, eager=True, kv_cache_bytes=1024 * KV_BYTES_PER_TOKEN,
-                   extra=("--data-parallel-size", "2", "--block-size", str(BLOCK))) as s:
+                   extra=("--data-parallel-size", "2", "--block-size", str(BLOCK)), quiet=True) as s:
             yield s, head, Ref(path)
     finally:
         if old is None:
@@ -118,3 +120,21 @@ def test_last_state_passes_run_on_their_candidates_engine(server):
     assert all(c["swift_tokens"] == m for r in results for c in r["choices"])
     hits = sum(_by_engine(s.url, "vllm:prefix_cache_hits_total").values()) - before
     assert hits == sum((len(p) + m - 1) // BLOCK * BLOCK for p in prompts)
+
+
+def test_startup_output_is_held_until_ready(server):
+    """Without --verbose, `swift-fast serve` prints its own start line, vLLM's start-up output (the
+    engine processes' included) goes to the start-up log, and one line says where the server is ready."""
+    s, _, _ = server
+    for _ in range(20):  # the ready line is printed by a watcher right after /health first answers
+        printed = open(s.log_path, errors="replace").read()
+        if "ready at" in printed:
+            break
+        time.sleep(0.5)
+    lines = printed.splitlines()
+    assert lines[0].startswith("swift-fast serve: starting ") and s.log_path + ".startup" in lines[0]
+    ready = next(i for i, line in enumerate(lines) if line.startswith("swift-fast serve: ready at "))
+    assert f"{s.url}/v1" in lines[ready]
+    assert not [line for line in lines[:ready] if " INFO " in line or "Loading" in line], lines[:ready]
+    startup = open(s.log_path + ".startup", errors="replace").read()
+    assert " INFO " in startup and "EngineCore" in startup  # the API server's and the engine cores' lines

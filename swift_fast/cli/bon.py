@@ -84,6 +84,8 @@ def vllm_kwargs(pairs: list[str]) -> dict:
 
 def _engine_class():
     from ..hf.collect import VLLMEngine
+    from ..pruning import PruneConfig
+    from ..report import trace_signals
 
     class ScoredVLLMEngine(VLLMEngine):
         """``swift_fast.hf.collect``'s vLLM engine with the plugin's scores kept on each candidate."""
@@ -91,8 +93,12 @@ def _engine_class():
         name = "vllm+swift"
 
         seconds = 0.0  # wall time inside vLLM's generate
+        #: DeepConf's group size for the confidence columns; whether the per-token values stay on
+        #: each candidate (a pruning sweep replays them) or only the columns the report reads
+        window = PruneConfig().window
+        keep_trace = False
 
-        def generate(self, prompts, seeds, cfg, contexts=None):
+        def generate(self, prompts, seeds, cfg, contexts=None, bar=None):
             seen = []
             orig = self.llm.generate
 
@@ -105,7 +111,7 @@ def _engine_class():
 
             self.llm.generate = generate_and_keep
             try:
-                result = super().generate(prompts, seeds, cfg, contexts=contexts)
+                result = super().generate(prompts, seeds, cfg, contexts=contexts, bar=bar)
             finally:
                 del self.llm.generate
             for cands, res in zip(result, seen):
@@ -113,11 +119,16 @@ def _engine_class():
                     c["swift_score"] = out.swift_score
                     c["swift_tokens"] = out.swift_tokens
                     c["swift_pruned"] = bool(getattr(out, "swift_pruned", False))
-                    if getattr(out, "swift_trace", None) is not None:
-                        c["swift_trace"] = out.swift_trace
                     if hasattr(out, "sar"):
                         c["sar"] = out.sar
                         c["sar_context"] = out.sar_context
+                    if getattr(out, "swift_trace", None) is not None:
+                        # the trivial selectors' columns are written on every traced run, so
+                        # `eval` on this file shows the rows `bon` shows
+                        c["swift_trace"] = out.swift_trace
+                        trace_signals(c, self.window)
+                        if not self.keep_trace:
+                            del c["swift_trace"]
             return result
 
     return ScoredVLLMEngine
@@ -131,11 +142,11 @@ def default_out(data: str, n: int) -> str:
 def run(args) -> int:
     from .. import report
     from ..datasets import DataError, load_dataset
+    from ..engine_logs import quiet_engine
     from ..head import HeadError, SwiftHead
     from ..hf.collect import collect
     from ..pruning import parse_text
     from ..rollouts import read_rollouts
-    from .quiet import quiet_vllm_logs
 
     if args.n < 1:
         print("error: --n must be at least 1", file=sys.stderr)
@@ -153,44 +164,43 @@ def run(args) -> int:
         if prune is not None and args.n < 2:
             raise ValueError("--prune stops the weakest of each problem's candidates: it needs --n 2 or more")
         pruned_out = os.path.splitext(out)[0] + ".pruned.jsonl"
-        if not args.verbose:
-            quiet_vllm_logs()  # before vLLM is imported, for this process and the engine's
-        engine = _engine_class()(args.model, dtype=args.dtype, seed=args.seed, **extra)
-        try:
-            if prune is not None:
-                # both runs traced (the sweep replays the full run's per-token values), so their
-                # times differ by the pruning alone
-                cfg.plugin_args = {"trace": True, "prune": False}
+        with quiet_engine(os.path.splitext(out)[0] + ".vllm.log", verbose=args.verbose):
+            engine = _engine_class()(args.model, dtype=args.dtype, seed=args.seed, **extra)
+            try:
+                # traced: each candidate's confidence (and with SAR its mean log-prob) come free,
+                # for the trivial selectors; with --prune both runs are traced, so their times
+                # differ by the pruning alone, and the full run keeps its per-token values for
+                # the sweep
+                if prune is not None:
+                    engine.window, engine.keep_trace = prune.window, True
+                cfg.plugin_args = {"trace": True, "prune": False} if prune is not None else {"trace": True}
                 _check_resumed(out, cfg.plugin_args, "the full run")
-            stats = collect(
-                engine, engine.tokenizer, examples, out, cfg, progress=not args.no_progress, model_name=args.model
-            )
-            seconds = engine.seconds
-            if prune is not None:
-                cfg.plugin_args = {"trace": True, "prune": prune.to_dict()}
-                _check_resumed(pruned_out, cfg.plugin_args, "the pruned run")
-                engine.seconds = 0.0
-                pstats = collect(engine, engine.tokenizer, examples, pruned_out, cfg, progress=not args.no_progress,
-                                 model_name=args.model)
-                pseconds = engine.seconds
-        finally:
-            engine.close()
+                stats = collect(engine, engine.tokenizer, examples, out, cfg, progress=not args.no_progress,
+                                model_name=args.model, desc="generate")
+                seconds = engine.seconds
+                if prune is not None:
+                    cfg.plugin_args = {"trace": True, "prune": prune.to_dict()}
+                    _check_resumed(pruned_out, cfg.plugin_args, "the pruned run")
+                    engine.seconds, engine.keep_trace = 0.0, False
+                    pstats = collect(engine, engine.tokenizer, examples, pruned_out, cfg,
+                                     progress=not args.no_progress, model_name=args.model, desc="generate, pruned")
+                    pseconds = engine.seconds
+            finally:
+                engine.close()
         ids = {str(ex.id) for ex in examples}
         problems = [p for p in read_rollouts(out) if p.id in ids]
         sar_key = "sar" if args.sar else None
         keys = ["swift_score"] + ([sar_key] if sar_key else [])
-        if prune is not None:
-            # a traced run carries each token's values: the confidence selectors come free (the
-            # pruning window as DeepConf's group size), length always does
-            report.record_trace_signals(problems, prune.window)
         cands = report.gather(problems, keys, n=args.n, where=out, signals=True)
         ks = [int(x) for x in args.ks.split(",")] if args.ks else None
         rows = report.standard_selectors("swift_score", sar=sar_key, trivial=report.trivial_selectors(cands))
         table = report.bon_table(cands, rows, ks, reps=args.bootstrap)
+        summary = report.selection_summary(cands, table, report.selector_name("swift_score"), reps=args.bootstrap)
     except (DataError, HeadError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(report.format_table(table))
+    print(report.summary_text(summary))
     base = os.path.splitext(out)[0]
     if args.plot != "none":
         path = report.plot(
@@ -207,13 +217,13 @@ def run(args) -> int:
         except (DataError, ValueError, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    summary = report.save_json(
-        table, args.json or base + ".summary.json", model=args.model, head=os.path.abspath(args.head),
+    summary_path = report.save_json(
+        table, args.json or base + ".summary.json", summary=summary, model=args.model, head=os.path.abspath(args.head),
         data=str(args.data), n=args.n, rollouts=os.path.abspath(out), generated=stats["written"],
         resumed=stats["skipped_done"], **extra_summary,
     )
     print(f"rollouts: {out} ({stats['written']} problems generated, {stats['skipped_done']} already there)")
-    print(f"summary: {summary}")
+    print(f"summary: {summary_path}")
     return 0
 
 
@@ -266,7 +276,8 @@ def _prune_report(args, problems, pruned_out, ids, prune, seconds, pseconds, sta
         print("  vLLM wall time: not compared (a run resumed from earlier output)")
     frac = measured["token_fraction"]  # the pruned run's budget: each signal at equal cost
     for signal, r in pr.at_budget(rows, frac).items():
-        what = "no swept setting" if r is None else pr.summary_text(r, f"best {signal} setting")
+        what = "no swept setting" if r is None else pr.summary_text(
+            r, f"best {signal} setting ({', '.join(f'{k}={v}' for k, v in r['settings'].items())})")
         print(f"  at <= {100 * frac:.0f}% of the tokens, {signal}: {what}")
     path = None
     if args.plot != "none":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 DESCRIPTION = """\
@@ -60,6 +61,10 @@ def add_generation_args(p, n: int) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--chunk", type=int, default=64, help="problems per engine call, written together (default 64)")
     p.add_argument("--grade-timeout", type=float, default=5.0, help="seconds per math answer before it counts as wrong")
+    p.add_argument("--lenient-truncation", action="store_true",
+                   help="grade a candidate cut off at --max-new-tokens on whatever it says (default: it is wrong "
+                        "unless it completed a final answer statement, a closed \\boxed{} or 'the answer is X.', "
+                        "before the limit)")
     p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
                    help="vLLM: N engines, each problem sent to the least loaded one (vLLM's data parallelism; "
                         "on the CPU each worker gets its share of the cores); same output as one engine")
@@ -70,8 +75,9 @@ def add_generation_args(p, n: int) -> None:
                    help="vLLM: split each engine's model over N workers, consecutive layers each (on the CPU "
                         "vLLM runs stages only with torch.compile, so --enforce-eager auto means no)")
     p.add_argument("--verbose", action="store_true",
-                   help="vLLM: keep its INFO logs and start-up warnings (default: errors only, unless "
-                        "VLLM_LOGGING_LEVEL is set)")
+                   help="vLLM: show its logs, start-up warnings and loading bars here (default: only this "
+                        "command's own output; vLLM's errors still show, and the engine processes' output goes "
+                        "to <out>.vllm.log)")
 
 
 #: ``--<flag>`` -> the ``vllm.LLM`` keyword of each parallelism option
@@ -101,14 +107,15 @@ def collect_config(args):
     return CollectConfig(
         n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
         template=args.template, system=args.system, chunk=max(1, args.chunk), grade_timeout=args.grade_timeout,
+        truncation="lenient" if getattr(args, "lenient_truncation", False) else "strict",
     )
 
 
 def run(args) -> int:
     from ..datasets import DataError, load_dataset
+    from ..engine_logs import quiet_engine
     from ..hf.collect import HFEngine, VLLMEngine, collect, vllm_available
     from ..hf.features import UnsupportedModelError
-    from .quiet import quiet_vllm_logs
 
     try:
         engine_name = args.engine
@@ -117,27 +124,27 @@ def run(args) -> int:
         parallel = parallel_kwargs(args, engine_name)
         examples = load_dataset(args.data, kind=args.kind, limit=args.limit)
         cfg = collect_config(args)
-        if engine_name == "vllm":
-            if not args.verbose:
-                quiet_vllm_logs()  # before vLLM is imported, for this process and the engine's
-            kw = dict(parallel)
-            if args.gpu_memory_utilization is not None:
-                kw["gpu_memory_utilization"] = args.gpu_memory_utilization
-            if args.enforce_eager != "auto":
-                kw["enforce_eager"] = args.enforce_eager == "yes"
-            engine = VLLMEngine(args.model, dtype=args.dtype, seed=args.seed, **kw)
-            tokenizer = engine.tokenizer
-        else:
-            from ..hf.loading import load_model
+        with quiet_engine(os.path.splitext(args.out)[0] + ".vllm.log",
+                          verbose=args.verbose or engine_name != "vllm"):
+            if engine_name == "vllm":
+                kw = dict(parallel)
+                if args.gpu_memory_utilization is not None:
+                    kw["gpu_memory_utilization"] = args.gpu_memory_utilization
+                if args.enforce_eager != "auto":
+                    kw["enforce_eager"] = args.enforce_eager == "yes"
+                engine = VLLMEngine(args.model, dtype=args.dtype, seed=args.seed, **kw)
+                tokenizer = engine.tokenizer
+            else:
+                from ..hf.loading import load_model
 
-            model, tokenizer = load_model(args.model, args.dtype, args.device, check=False)
-            engine = HFEngine(model, tokenizer)
-        try:
-            stats = collect(
-                engine, tokenizer, examples, args.out, cfg, progress=not args.no_progress, model_name=args.model
-            )
-        finally:
-            engine.close()
+                model, tokenizer = load_model(args.model, args.dtype, args.device, check=False)
+                engine = HFEngine(model, tokenizer)
+            try:
+                stats = collect(
+                    engine, tokenizer, examples, args.out, cfg, progress=not args.no_progress, model_name=args.model
+                )
+            finally:
+                engine.close()
     except (DataError, UnsupportedModelError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -43,7 +43,8 @@ def add_parser(sub, name, help_):
                    help="ablations: the run whose candidates are scored (default demo_out/<task>/rollouts.jsonl)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--verbose", action="store_true",
-                   help="run: keep vLLM's INFO logs (default: warnings only, unless VLLM_LOGGING_LEVEL is set)")
+                   help="run: show vLLM's logs, warnings and loading bars here (default: only the demo's own output; "
+                        "vLLM's errors still show, and what the engine prints goes to <out>/vllm.log)")
     return p
 
 
@@ -79,16 +80,16 @@ def run(args) -> int:
             raise SystemExit(f"swift-fast demo {args.action}: {e}") from None
         return 0
     from ..demo.run import run_tasks
-    from .quiet import quiet_vllm_logs
+    from ..engine_logs import quiet_engine
 
-    if not args.verbose:
-        # this command's own process and the engine it spawns: a library call never does this
-        quiet_vllm_logs()
+    out = args.out or "demo_out"
     try:
         roots = {t: args.assets or A.TASK_DIRS[t] for t in tasks}
-        run_tasks(out_dir=args.out or "demo_out", roots=roots, backend=args.backend, limit=args.limit, n=args.n,
-                  seed=args.seed, show=args.show, progress=not args.no_progress, prune=not args.no_prune,
-                  split=f"{args.split}.jsonl")
+        # this command's own process and its engines: a library call never does this
+        with quiet_engine(os.path.join(out, "vllm.log"), verbose=args.verbose):
+            run_tasks(out_dir=out, roots=roots, backend=args.backend, limit=args.limit, n=args.n,
+                      seed=args.seed, show=args.show, progress=not args.no_progress, prune=not args.no_prune,
+                      split=f"{args.split}.jsonl")
     except A.AssetError as e:
         raise SystemExit(f"swift-fast demo: {e}") from None
     return 0

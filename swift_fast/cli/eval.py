@@ -19,6 +19,11 @@ bootstrap confidence interval over problems.
 BoN@k uses the first k candidates of each problem in generation order; ties go to the lowest
 index; a missing score (null) never wins. Candidates need a boolean `correct` (or use --grade)
 and, for voting, an `answer`.
+
+Under the table: the single-sample accuracy (the mean correctness over all N candidates of each
+problem; the k=1 column is the first candidate alone), the paired differences with 95% intervals
+of --score minus a single sample and minus the best trivial selector, and how many candidates
+stopped at the length limit. Rows are named as in `bon` and the demo (swift_score: SWIFT, sar: SAR).
 """
 
 EXAMPLES = """\
@@ -42,6 +47,9 @@ def add_parser(sub, name, help_):
     p.add_argument("-n", type=int, help="candidates per problem to use (default: the fewest any problem has)")
     p.add_argument("--grade", action="store_true",
                    help="(re)grade candidates from their text and the problem's reference")
+    p.add_argument("--lenient-truncation", action="store_true",
+                   help="with --grade: grade a candidate cut off at the length limit on whatever it says (default: "
+                        "wrong unless it completed a final answer statement before the limit)")
     p.add_argument("--plot", help="PNG path (default: next to the input, <name>.bon.png); 'none' to skip")
     p.add_argument("--json", help="write the summary as JSON here")
     p.add_argument("--skip-bad", action="store_true",
@@ -54,19 +62,47 @@ def add_parser(sub, name, help_):
     return p
 
 
-def regrade(problems) -> dict:
+def regrade(problems, truncation: str = "strict") -> dict:
     """Fill each candidate's ``answer`` and ``correct`` from its text and the problem's reference,
-    in one batch (math answers are parsed once, in worker processes with a deadline each)."""
+    in one batch (math answers are parsed once, in worker processes with a deadline each).
+
+    Each candidate's ``finish_reason`` goes to the truncation rule (swift_fast.grading):
+    "strict" counts a candidate cut off without a complete final answer statement as wrong with
+    no answer; "lenient" grades every text as it is. Returns the grading counts, among them
+    "truncated" (candidates judged wrong by the strict rule)."""
     from ..grading import judge_many
 
     cands = [(p, c) for p in problems for c in p.candidates]
     stats: dict = {}
     verdicts = judge_many(
-        [c.get("text", "") for _, c in cands], [p.reference for p, _ in cands], [p.kind for p, _ in cands], stats=stats
+        [c.get("text", "") for _, c in cands],
+        [p.reference for p, _ in cands],
+        [p.kind for p, _ in cands],
+        stats=stats,
+        finish_reasons=[c.get("finish_reason") for _, c in cands],
+        truncation=truncation,
     )
     for (_, c), j in zip(cands, verdicts):
         c["answer"], c["correct"] = j.answer, bool(j.correct)
     return stats
+
+
+def trace_columns(problems) -> int:
+    """The trivial selectors' columns of candidates that carry the plugin's per-token values but
+    not the columns (rollouts written before ``bon`` recorded them), with the confidence window
+    the run was pruned with, else the pruning default. Returns how many were filled."""
+    from ..pruning import PruneConfig
+    from ..report import trace_signals
+
+    done = 0
+    for p in problems:
+        prune = (p.extra.get("plugin_args") or {}).get("prune")
+        window = prune.get("window", PruneConfig().window) if isinstance(prune, dict) else PruneConfig().window
+        for c in p.candidates:
+            if "conf_lowest" not in c and isinstance(c.get("swift_trace"), dict):
+                trace_signals(c, window)
+                done += 1
+    return done
 
 
 def run(args) -> int:
@@ -80,23 +116,29 @@ def run(args) -> int:
         if stats.get("skipped"):
             print(f"skipped {stats['skipped']} malformed lines (first: {stats['errors'][0]})", file=sys.stderr)
         if args.grade:
-            regrade(problems)
+            regrade(problems, "lenient" if args.lenient_truncation else "strict")
         keys = [k for k in (args.score, args.sar, args.external) if k]
+        if not args.no_trivial:
+            trace_columns(problems)
         cands = report.gather(problems, keys, n=args.n, where=args.rollouts, signals=not args.no_trivial)
         ks = [int(x) for x in args.ks.split(",")] if args.ks else None
         trivial = None if args.no_trivial else report.trivial_selectors(cands)
         table = report.bon_table(
             cands, report.standard_selectors(args.score, args.external, args.sar, trivial), ks, reps=args.bootstrap
         )
+        summary = report.selection_summary(cands, table, report.selector_name(args.score), reps=args.bootstrap)
     except (DataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(report.format_table(table, ci=not args.no_ci))
+    print(report.summary_text(summary))
     if args.plot != "none":
         path = args.plot or os.path.splitext(args.rollouts)[0] + ".bon.png"
-        report.plot(table, path, title=os.path.basename(args.rollouts))
+        where = os.path.join(os.path.basename(os.path.dirname(os.path.abspath(args.rollouts))),
+                             os.path.basename(args.rollouts))
+        report.plot(table, path, title=f"Best-of-N on {where}", highlight=[report.selector_name(args.score)])
         print(f"plot: {path}")
     if args.json:
-        report.save_json(table, args.json, source=os.path.abspath(args.rollouts))
+        report.save_json(table, args.json, summary=summary, source=os.path.abspath(args.rollouts))
         print(f"summary: {args.json}")
     return 0

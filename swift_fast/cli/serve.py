@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import sys
+import threading
 
 DESCRIPTION = """\
 Start vLLM's OpenAI-compatible server with a SWIFT head: every choice of /v1/completions and
@@ -48,6 +49,11 @@ def add_parser(sub, name, help_):
                    help="stop the weakest candidates of every request with n > 1 (and best_of_n) while they are "
                         "generated, by default (a request's own \"prune\" field wins; \"prune\": false opts out); "
                         "SETTINGS as JSON or key=value,key=value of signal, warmup, every, keep, min_keep, window")
+    p.add_argument("--verbose", action="store_true",
+                   help="show vLLM's start-up output as it comes (default: held in --startup-log and shown only "
+                        "if start-up fails; one line when the server is ready)")
+    p.add_argument("--startup-log", default="swift-fast-serve.log", metavar="FILE",
+                   help="where vLLM's start-up output goes without --verbose (default swift-fast-serve.log)")
     p.add_argument("model", help="Hugging Face model name or path (as for `vllm serve`)")
     p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="arguments for `vllm serve` (after MODEL)")
     return p
@@ -100,7 +106,33 @@ def run(args) -> int:
     except (HeadError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if getattr(args, "verbose", True):
+        return _serve(argv)
+    from ..engine_logs import StartupOutput
+
+    host, port = _address(argv)
+    out = StartupOutput(args.startup_log)
+    print(f"swift-fast serve: starting {args.model} with head {args.head} (vLLM's start-up output: "
+          f"{args.startup_log})", file=out.console)
+    watcher = threading.Thread(target=_announce_when_ready, args=(out, host, port, args), daemon=True)
+    watcher.start()
+    code = 1
+    try:
+        code = _serve(argv)
+    finally:
+        ready = not out._held
+        out.release()
+        if not ready:
+            print(f"swift-fast serve: the server did not start; the end of vLLM's output ({args.startup_log}):\n"
+                  f"{out.tail()}", file=out.console)
+            code = code or 1
+    return code
+
+
+def _serve(argv: list[str]) -> int:
     from vllm.entrypoints.cli.main import main as vllm_main
+
+    from ..head import HeadError
 
     sys.argv = ["vllm", *argv]
     try:
@@ -109,7 +141,44 @@ def run(args) -> int:
     except HeadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 0
+
+
+def _address(argv: list[str]) -> tuple[str, int]:
+    """The host and port ``vllm serve`` listens on, as a client here reaches them."""
+    host, port = "127.0.0.1", 8000
+    for i, a in enumerate(argv):
+        key, eq, value = a.partition("=")
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if key == "--host" and value and value not in ("0.0.0.0", "::"):
+            host = value
+        elif key == "--port" and value.isdigit():
+            port = int(value)
+    return host, port
+
+
+def _announce_when_ready(out, host: str, port: int, args, poll: float = 0.5) -> None:
+    """Poll the server's /health until it answers, then give the terminal back and say where it serves."""
+    import time
+    import urllib.request
+
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    while out._held:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        time.sleep(poll)
+    else:
+        return
+    out.release()
+    print(f"swift-fast serve: ready at {url}/v1 (model {args.model}, head {args.head}"
+          f"{', SAR on' if args.sar else ''}); vLLM's logs follow", file=out.console, flush=True)
 
 
 @contextlib.contextmanager

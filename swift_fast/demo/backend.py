@@ -10,7 +10,9 @@ the scores of a given candidate agree.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,9 +35,11 @@ class Backend(Protocol):
     name: str
 
     def generate(
-        self, prompts: list[list[int]], sampling: Sampling, progress: bool = True, contexts=None
+        self, prompts: list[list[int]], sampling: Sampling, progress: bool = True, contexts=None,
+        desc: str = "generate",
     ) -> list[list[dict]]:
-        """``prompts``: token ids; ``contexts``: each prompt's question-removed prompt ids (SAR).
+        """``prompts``: token ids; ``contexts``: each prompt's question-removed prompt ids (SAR);
+        ``desc``: the progress phase's name.
         Returns per prompt ``sampling.n`` candidate dicts."""
 
     def close(self) -> None: ...
@@ -88,9 +92,11 @@ class HFBackend:
     def __init__(self, model_dir: str, head_path: str, batch_prompts: int = 16):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from ..engine_logs import engine_starting
         from ..head import SwiftHead
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        with engine_starting():
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.head = SwiftHead.load(head_path)
         self.batch_prompts = batch_prompts
@@ -99,16 +105,16 @@ class HFBackend:
         pass
 
     def generate(
-        self, prompts: list[list[int]], sampling: Sampling, progress: bool = True, contexts=None
+        self, prompts: list[list[int]], sampling: Sampling, progress: bool = True, contexts=None,
+        desc: str = "generate",
     ) -> list[list[dict]]:
-        from tqdm.auto import tqdm
-
         from ..hf.sar import sar_rewards
         from ..hf.scoring import swift_scores
+        from ..progress import phase
 
         torch.manual_seed(sampling.seed)
         out = []
-        bar = tqdm(total=len(prompts), desc="generate (transformers)", unit="problem", disable=not progress)
+        bar = phase(f"{desc} (transformers)", total=len(prompts) * sampling.n, unit="candidate", enabled=progress)
         for s in range(0, len(prompts), self.batch_prompts):
             chunk = prompts[s : s + self.batch_prompts]
             q0 = contexts[s : s + self.batch_prompts] if contexts is not None else [None] * len(chunk)
@@ -124,7 +130,7 @@ class HFBackend:
             it = iter(zip(flat_r, swift.tolist(), sar.tolist()))
             for rs in responses:
                 out.append([_candidate(self.tokenizer, r, eos, sw, sa) for r, sw, sa in (next(it) for _ in rs)])
-            bar.update(len(chunk))
+            bar.update(len(chunk) * sampling.n)
         bar.close()
         return out
 
@@ -144,6 +150,8 @@ class VLLMBackend:
         from transformers import AutoTokenizer
         from vllm import LLM
 
+        from ..engine_logs import engine_starting
+
         kwargs = dict(
             dtype="float32",
             gpu_memory_utilization=0.3,  # on the CPU this is a fraction of host memory
@@ -160,11 +168,12 @@ class VLLMBackend:
         )
         kwargs.update(engine_kwargs)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.llm = LLM(
-            model=model_dir,
-            additional_config={"swift_fast": {"head": head_path, "sar": True}},
-            **kwargs,
-        )
+        with _engine_core_in_process(), engine_starting():
+            self.llm = LLM(
+                model=model_dir,
+                additional_config={"swift_fast": {"head": head_path, "sar": True}},
+                **kwargs,
+            )
         self.seconds = 0.0
 
     def close(self) -> None:
@@ -178,14 +187,17 @@ class VLLMBackend:
 
     def generate(
         self, prompts: list[list[int]], sampling: Sampling, progress: bool = True, contexts=None,
-        plugin_args: dict | None = None,
+        plugin_args: dict | None = None, desc: str = "generate",
     ) -> list[list[dict]]:
         """``plugin_args``: per-request plugin settings (``prune``, ``trace``); candidates then also
-        carry ``swift_pruned`` and, traced, ``swift_trace``."""
+        carry ``swift_pruned`` and, traced, ``swift_trace``. Progress: one phase (``desc``) counting
+        candidates as vLLM finishes them."""
         import time
 
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+
+        from ..progress import phase, vllm_progress
 
         def own(i):
             d = dict(plugin_args or {})
@@ -201,9 +213,15 @@ class VLLMBackend:
             )
             for i in range(len(prompts))
         ]
+        bar = phase(f"{desc} (vLLM)", total=len(prompts) * sampling.n, unit="candidate", enabled=progress)
         t0 = time.perf_counter()
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=progress)
-        self.seconds += time.perf_counter() - t0
+        try:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                                     use_tqdm=vllm_progress(bar))
+            self.seconds += time.perf_counter() - t0
+            bar.set_postfix(tokens=f"{sum(len(c.token_ids) for o in outs for c in o.outputs):,}")
+        finally:
+            bar.close()
         eos = self.tokenizer.eos_token_id
         result = []
         for o in outs:
@@ -218,6 +236,32 @@ class VLLMBackend:
                 cands.append(d)
             result.append(cands)
         return result
+
+
+@contextlib.contextmanager
+def _engine_core_in_process():
+    """vLLM's engine core in this process while the engine is built: for the demo's tiny models
+    a separate engine process costs more than it saves (about 7 s a start here: a second
+    import of torch and vLLM), and nothing else runs beside the demo's generation.
+
+    NOTE: vLLM caches its environment once an engine has started in a process
+    (``envs.enable_envs_cache``): the cache is cleared around the change, or a second engine
+    would read the first one's value."""
+    from vllm import envs
+
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    before = os.environ.get(key)
+    clear = getattr(envs.__getattr__, "cache_clear", lambda: None)
+    os.environ[key] = "0"
+    clear()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+        clear()
 
 
 def make_backend(kind: str, model_dir: str, head_path: str, seed: int = 0) -> Backend:

@@ -31,7 +31,7 @@ from .backend import Sampling, make_backend
 from .tokenizer import prompt_ids
 
 KS = (1, 2, 4, 8, 16)
-SCORE, SAR = "SWIFT", "SAR"
+SCORE, SAR = report.selector_name("swift_score"), report.selector_name("sar")
 #: DeepConf's group size for the demo. The paper's W = 2048 is for reasoning traces of thousands
 #: of tokens; the demo's answers are 8 to 47 tokens (one token a character, median 26, in a run
 #: of the 3,200 held-out candidates). W = 16 is two running-sum steps (``46+5=51;`` is 8
@@ -50,9 +50,6 @@ SHIPPED_PRUNE = {
     "forget": PruneConfig(signal="swift", warmup=16, every=16, keep=0.75, min_keep=2),
     "lag": PruneConfig(signal="swift", warmup=16, every=16, keep=0.25, min_keep=2),
 }
-#: the trivial selectors the summary compares SWIFT with (majority vote among them)
-TRIVIAL_ROWS = (*report.TRIVIAL, "majority")
-_BOOTSTRAP = "paired percentile bootstrap over problems, {reps} resamples"
 
 
 def problems_from_split(rows: list[dict], tokenizer) -> list[Problem]:
@@ -72,78 +69,30 @@ def grade(problem: Problem) -> None:
         c["correct"] = c["answer"] is not None and c["answer"] == str(problem.reference)
 
 
-def task_table(problems: list[Problem], ks=KS, reps: int = 2000) -> tuple[report.Table, dict]:
-    """One task's Best-of-N table and summary from its graded problems (candidates carrying
-    ``swift_score``, ``sar`` and, when computed, the :data:`swift_fast.report.SIGNAL_FIELDS`).
+def graded_text(problems: list[Problem]) -> str:
+    """One line: how many candidates were graded, the share correct, and how many stopped at the
+    length limit."""
+    cands = [c for p in problems for c in p.candidates]
+    right = sum(bool(c.get("correct")) for c in cands)
+    cut = sum(c.get("finish_reason") == "length" for c in cands)
+    return (f"graded {len(cands):,} candidates: {100 * right / max(1, len(cands)):.1f}% correct, "
+            f"{cut:,} stopped at the length limit")
 
-    The summary, at ``k = max(ks)``: single-sample accuracy and the paired difference SWIFT@k
-    minus single sample; the best trivial selector (:data:`TRIVIAL_ROWS`) and the paired
-    difference SWIFT@k minus it; the best internal selector against majority vote. Differences
-    carry a 95% paired percentile bootstrap interval over problems (``reps`` resamples).
-    :func:`summary_text` renders it."""
+
+def task_table(problems: list[Problem], ks=KS, reps: int = 2000) -> tuple[report.Table, dict]:
+    """One task's Best-of-N table and summary (:func:`swift_fast.report.selection_summary`, at
+    ``k = max(ks)``) from its graded problems (candidates carrying ``swift_score``, ``sar`` and,
+    when computed, the :data:`swift_fast.report.SIGNAL_FIELDS`). :func:`summary_text` renders
+    the summary."""
     c = report.gather(problems, ["swift_score", "sar"], n=max(ks), signals=True)
-    c.scores[SCORE] = c.scores.pop("swift_score")
-    c.scores[SAR] = c.scores.pop("sar")
-    rows = report.standard_selectors(SCORE, sar=SAR, trivial=report.trivial_selectors(c))
+    rows = report.standard_selectors("swift_score", sar="sar", trivial=report.trivial_selectors(c))
     t = report.bon_table(c, rows, ks=ks, reps=reps)
-    k = max(ks)
-    method = _BOOTSTRAP.format(reps=reps)
-    # Single-sample accuracy per problem: the mean correctness of all its candidates (the
-    # expectation of one sample); paired with SWIFT's pick on the same problem.
-    single = c.correct[:, :k].double().mean(1)
-    d = t.outcomes[SCORE][k] - single
-    lo, hi = report.bootstrap_ci(d, reps=reps)
-    best_internal = max((SCORE, f"{SCORE} weighted vote", SAR, f"{SCORE}+{SAR} rank", f"{SCORE}+{SAR} scaled"),
-                        key=lambda r: t.rows[r][k])
-    # first of the best on a tie, in TRIVIAL_ROWS order
-    trivial = [r for r in TRIVIAL_ROWS if r in t.rows]
-    best_trivial = max(trivial, key=lambda r: t.rows[r][k])
-    dt, dt_lo, dt_hi = t.difference_ci(SCORE, best_trivial, k, reps=reps)
-    summary = {
-        "problems": len(problems),
-        "k": k,
-        "single_sample_accuracy": single.mean().item(),
-        "swift_minus_single": {"difference": d.mean().item(), "ci95": [lo, hi], "method": method},
-        "best_internal": {"selector": best_internal, "accuracy": t.rows[best_internal][k]},
-        "majority": t.rows["majority"][k],
-        "trivial": {r: t.rows[r][k] for r in trivial},
-        "best_trivial": {"selector": best_trivial, "accuracy": t.rows[best_trivial][k]},
-        "swift_minus_best_trivial": {"selector": best_trivial, "difference": dt, "ci95": [dt_lo, dt_hi],
-                                     "method": method},
-        "bar": {
-            "swift_10_points_over_single": d.mean().item() >= 0.10 and lo > 0,
-            "best_internal_at_least_majority": t.rows[best_internal][k] >= t.rows["majority"][k],
-            "swift_above_best_trivial": dt_lo > 0,
-        },
-    }
-    return t, summary
+    return t, report.selection_summary(c, t, SCORE, reps=reps)
 
 
 #: the earlier name of :func:`task_table`
 table = task_table
-
-
-def summary_text(s: dict) -> str:
-    """Two lines: SWIFT against a single sample, and against the best trivial selector."""
-    d = s["swift_minus_single"]
-    k = s["k"]
-    lines = [
-        f"single-sample accuracy {100 * s['single_sample_accuracy']:.1f}%; SWIFT@{k} minus single sample "
-        f"{_pts(d)} ({d['method']}); best internal selector at k={k}: {s['best_internal']['selector']} "
-        f"{100 * s['best_internal']['accuracy']:.1f}% vs majority {100 * s['majority']:.1f}%"
-    ]
-    t = s.get("swift_minus_best_trivial")
-    if t:
-        lines.append(
-            f"best trivial selector at k={k}: {t['selector']} {100 * s['best_trivial']['accuracy']:.1f}%; "
-            f"SWIFT@{k} minus {t['selector']} {_pts(t)} (paired, same bootstrap)"
-        )
-    return "\n".join(lines)
-
-
-def _pts(d: dict) -> str:
-    return (f"{100 * d['difference']:+.1f} points, 95% CI "
-            f"[{100 * d['ci95'][0]:+.1f}, {100 * d['ci95'][1]:+.1f}]")
+summary_text = report.summary_text
 
 
 def run_demo(
@@ -185,12 +134,12 @@ def run_demo(
     pruning = None
     try:
         # traced: each token's values come back too, for the trivial selectors and the pruning sweep
-        log("full Best-of-N:")
         cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress, contexts=contexts,
-                            **({"plugin_args": {"trace": True}} if traced else {}))
+                            desc="generate, full Best-of-N", **({"plugin_args": {"trace": True}} if traced else {}))
         for p, cs in zip(problems, cands):
             p.candidates = cs
             grade(p)
+        log(graded_text(problems))
         if traced and n > 1:
             pruning = prune_run(be, problems, sampling, contexts, prune, out_dir, progress=progress, log=log,
                                 title=title)
@@ -203,8 +152,9 @@ def run_demo(
     else:
         signals = add_signals(model, problems)
         signals["source"] = "transformers, one forward per batch"
-    log(f"trivial signals (length, mean logprob, confidence W={CONF_WINDOW}, top-{signals['top_k']}) of "
-        f"{signals['candidates']} candidates: {signals['seconds']:.1f} s ({signals['source']})")
+    if signals["seconds"]:  # from the plugin's per-token values they cost nothing worth a line
+        log(f"trivial signals (length, mean logprob, confidence W={CONF_WINDOW}, top-{signals['top_k']}) of "
+            f"{signals['candidates']} candidates: {signals['seconds']:.1f} s ({signals['source']})")
     os.makedirs(out_dir, exist_ok=True)
     for p in problems:
         for c in p.candidates:
@@ -277,7 +227,10 @@ def prune_run(be, problems: list[Problem], sampling: Sampling, contexts, cfg: Pr
 
     n = sampling.n
     full = pr.outcome(problems, n)
+    t0 = time.perf_counter()
     rows = pr.sweep(problems, n, base=cfg or PruneConfig(), reps=500)
+    log(f"pruning sweep: {len(rows)} settings replayed on the full run's per-token values "
+        f"({time.perf_counter() - t0:.1f} s)")
     rec = pr.recommend(rows)
     out: dict = {"sweep": rows, "recommended": None if rec is None else {
         "settings": rec["settings"], "accuracy": rec["accuracy"], "token_fraction": rec["token_fraction"],
@@ -287,9 +240,9 @@ def prune_run(be, problems: list[Problem], sampling: Sampling, contexts, cfg: Pr
         full_seconds = be.seconds
         be.seconds = 0.0
         # traced as the full run was, so the two times differ by the pruning alone
-        log(f"Best-of-N again, pruned during generation ({_settings(cfg.to_dict())}):")
         cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress, contexts=contexts,
-                            plugin_args={"prune": cfg.to_dict(), "trace": True})
+                            plugin_args={"prune": cfg.to_dict(), "trace": True},
+                            desc=f"generate, pruned ({_settings(cfg.to_dict())})")
         pruned_seconds = be.seconds
         for cs in cands:
             for c in cs:
@@ -352,7 +305,10 @@ def _settings(d: dict) -> str:
 def _load_model(model_dir: str):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    from ..engine_logs import engine_starting
+
+    with engine_starting():  # transformers' loading bar is not the demo's output
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 def add_signals(model, problems: list[Problem], window: int = CONF_WINDOW) -> dict:

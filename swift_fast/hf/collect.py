@@ -46,6 +46,9 @@ class CollectConfig:
     system: str | None = None
     chunk: int = 64  # problems per engine call: the unit of progress that survives an interruption
     grade_timeout: float | None = 5.0
+    #: how a candidate cut off at the length limit is graded (swift_fast.grading): "strict", wrong
+    #: unless it completed a final answer statement first; "lenient", graded on its text as it is
+    truncation: str = "strict"
     vllm_kwargs: dict = field(default_factory=dict)
     #: per-request settings for the swift-fast vLLM plugin (``extra_args["swift_fast"]``, e.g. prune, trace)
     plugin_args: dict = field(default_factory=dict)
@@ -94,8 +97,9 @@ class HFEngine:
         return ids or _eos_ids(self.tokenizer.eos_token_id)
 
     def generate(
-        self, prompts: list[list[int]], seeds: list[int], cfg: CollectConfig, contexts=None
+        self, prompts: list[list[int]], seeds: list[int], cfg: CollectConfig, contexts=None, bar=None
     ) -> list[list[dict]]:
+        """``bar``: a :func:`swift_fast.progress.phase` counting candidates as they finish."""
         from .generate import response_lengths
 
         dev = self.model.device
@@ -135,6 +139,8 @@ class HFEngine:
                     }
                 )
             out.append(cands)
+            if bar is not None:
+                bar.update(len(cands))
         return out
 
 
@@ -148,6 +154,7 @@ class VLLMEngine:
     def __init__(self, model: str, dtype: str = "auto", seed: int = 0, **kwargs):
         from vllm import LLM
 
+        from ..engine_logs import engine_starting
         from .data_parallel import DataParallelLLM, cpu_ranks_bound
 
         cuda = torch.cuda.is_available()
@@ -172,11 +179,12 @@ class VLLMEngine:
         if dtype != "auto":
             kw["dtype"] = dtype
         kw.update(kwargs)
-        if int(kw.get("data_parallel_size", 1)) > 1:
-            self.llm = DataParallelLLM(**kw)  # vLLM's own data-parallel engine cores
-        else:
-            with cpu_ranks_bound(kw):
-                self.llm = LLM(**kw)
+        with engine_starting():
+            if int(kw.get("data_parallel_size", 1)) > 1:
+                self.llm = DataParallelLLM(**kw)  # vLLM's own data-parallel engine cores
+            else:
+                with cpu_ranks_bound(kw):
+                    self.llm = LLM(**kw)
         self.tokenizer = self.llm.get_tokenizer()
 
     def close(self) -> None:
@@ -189,10 +197,13 @@ class VLLMEngine:
             core.shutdown()
 
     def generate(
-        self, prompts: list[list[int]], seeds: list[int], cfg: CollectConfig, contexts=None
+        self, prompts: list[list[int]], seeds: list[int], cfg: CollectConfig, contexts=None, bar=None
     ) -> list[list[dict]]:
-        """``contexts``: each prompt's question-removed prompt ids, for the plugin's SAR pass."""
+        """``contexts``: each prompt's question-removed prompt ids, for the plugin's SAR pass;
+        ``bar``: a :func:`swift_fast.progress.phase` counting candidates as vLLM finishes them."""
         from vllm import SamplingParams
+
+        from ..progress import vllm_progress
 
         def plugin(i):
             own = dict(cfg.plugin_args)
@@ -207,7 +218,8 @@ class VLLMEngine:
             )
             for i, s in enumerate(seeds)
         ]
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                 use_tqdm=False if bar is None else vllm_progress(bar))
         result = []
         for o in outs:
             cands = sorted(o.outputs, key=lambda c: c.index)
@@ -227,20 +239,26 @@ class VLLMEngine:
         return result
 
 
-def grade_candidates(problem_cands: list[list[dict]], examples: list[Any], timeout: float | None) -> None:
-    """Fill ``answer`` and ``correct`` of every candidate in place (one batch for all)."""
+def grade_candidates(
+    problem_cands: list[list[dict]], examples: list[Any], timeout: float | None, truncation: str = "strict"
+) -> None:
+    """Fill ``answer`` and ``correct`` of every candidate in place (one batch for all). Each
+    candidate's ``finish_reason`` goes to the truncation rule (swift_fast.grading): under
+    "strict", one cut off without a complete final answer statement is wrong with no answer."""
     from ..grading import judge_many
 
-    texts, refs, kinds, where = [], [], [], []
+    texts, refs, kinds, reasons, where = [], [], [], [], []
     for cands, ex in zip(problem_cands, examples):
         for c in cands:
             texts.append(c["text"])
             refs.append(ex.reference)
             kinds.append(ex.kind)
+            reasons.append(c.get("finish_reason"))
             where.append(c)
     if not texts:
         return
-    for c, j in zip(where, judge_many(texts, refs, kinds, timeout=timeout)):
+    verdicts = judge_many(texts, refs, kinds, timeout=timeout, finish_reasons=reasons, truncation=truncation)
+    for c, j in zip(where, verdicts):
         c["answer"] = j.answer
         c["correct"] = bool(j.correct)
 
@@ -254,8 +272,13 @@ def collect(
     progress: bool = True,
     model_name: str = "",
     on_chunk: Callable[[int], None] | None = None,
+    desc: str = "collect",
 ) -> dict:
-    """Generate, grade and append every example not yet in ``out_path``. Returns counts."""
+    """Generate, grade and append every example not yet in ``out_path``. Returns counts.
+
+    Progress counts candidates as the engine finishes them (``desc`` names the phase). After
+    the first chunk, rollouts with almost no correct candidate (:data:`FEW_CORRECT`) get a
+    warning that says what to change, before the rest is generated."""
     cfg = cfg or CollectConfig()
     if cfg.n < 1:
         raise ValueError(f"n must be >= 1, got {cfg.n}")
@@ -268,13 +291,9 @@ def collect(
         "candidates": 0,
         "correct": 0,
     }
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    from ..progress import phase
 
-        bar = tqdm(
-            total=len(examples), initial=stats["skipped_done"], desc=f"collect ({engine.name})", unit="problem"
-        )
+    bar = phase(f"{desc} ({engine.name})", total=len(todo) * cfg.n, unit="candidate", enabled=progress)
     sampling = {
         "n": cfg.n,
         "temperature": cfg.temperature,
@@ -287,8 +306,8 @@ def collect(
             chunk = todo[a : a + cfg.chunk]
             rendered = [render(tokenizer, ex, cfg.template, cfg.system) for ex in chunk]
             seeds = [problem_seed(cfg.seed, str(ex.id)) for ex in chunk]
-            cands = engine.generate([r[1] for r in rendered], seeds, cfg, contexts=[r[2] for r in rendered])
-            grade_candidates(cands, chunk, cfg.grade_timeout)
+            cands = engine.generate([r[1] for r in rendered], seeds, cfg, contexts=[r[2] for r in rendered], bar=bar)
+            grade_candidates(cands, chunk, cfg.grade_timeout, cfg.truncation)
             for ex, (text, ids, q0), cs in zip(chunk, rendered, cands):
                 writer.write(
                     Problem(
@@ -305,6 +324,7 @@ def collect(
                             "model": model_name,
                             "engine": engine.name,
                             "sampling": sampling,
+                            "grading": {"truncation": cfg.truncation},
                             **({"plugin_args": cfg.plugin_args} if cfg.plugin_args else {}),
                         },
                     )
@@ -312,13 +332,37 @@ def collect(
                 stats["written"] += 1
                 stats["candidates"] += len(cs)
                 stats["correct"] += sum(bool(c.get("correct")) for c in cs)
-            if bar is not None:
-                bar.update(len(chunk))
-                bar.set_postfix(acc=f"{stats['correct'] / max(1, stats['candidates']):.3f}")
+            bar.set_postfix(correct=f"{stats['correct'] / max(1, stats['candidates']):.3f}")
+            if a == 0:
+                warn_few_correct(stats["correct"], stats["candidates"], stats["written"], cfg)
             if on_chunk is not None:
                 on_chunk(stats["written"])
     finally:
         writer.close()
-        if bar is not None:
-            bar.close()
+        bar.close()
     return stats
+
+
+#: below this share of correct candidates, rollouts can hardly teach a head (or show a selector
+#: at work): ``collect`` says so after its first chunk
+FEW_CORRECT = 0.05
+
+
+def warn_few_correct(correct: int, candidates: int, problems: int, cfg: CollectConfig) -> bool:
+    """Log a warning when fewer than :data:`FEW_CORRECT` of the candidates so far are correct;
+    whether it did."""
+    import logging
+
+    if candidates == 0 or correct >= FEW_CORRECT * candidates:
+        return False
+    hints = []
+    if cfg.temperature > 0.6:
+        hints.append(f"a lower temperature (--temperature 0.5; now {cfg.temperature:g})")
+    hints += ["easier problems", f"more candidates per problem (--n {max(2 * cfg.n, 16)}; now {cfg.n})",
+              "a larger --max-new-tokens if answers are cut off"]
+    logging.getLogger("swift_fast.collect").warning(
+        "swift-fast collect: after the first %d problems only %d of %d candidates (%.1f%%) are correct: a head "
+        "trained on these has almost nothing to learn from, and Best-of-N has little to select. Try %s.",
+        problems, correct, candidates, 100 * correct / candidates, ", ".join(hints),
+    )
+    return True

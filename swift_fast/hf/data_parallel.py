@@ -120,8 +120,9 @@ class DataParallelLLM:
     def get_tokenizer(self):
         return self.engine.get_tokenizer()
 
-    def generate(self, prompts: list, params: list, use_tqdm: bool = False) -> list:
-        """One final ``RequestOutput`` per prompt, in order (``params``: one ``SamplingParams`` per prompt)."""
+    def generate(self, prompts: list, params: list, use_tqdm=False) -> list:
+        """One final ``RequestOutput`` per prompt, in order (``params``: one ``SamplingParams`` per prompt).
+        ``use_tqdm``: as ``LLM.generate``'s, a tqdm factory told of each prompt's candidates as they finish."""
         from vllm.inputs.engine import tokens_input
         from vllm.sampling_params import RequestOutputKind
 
@@ -133,16 +134,28 @@ class DataParallelLLM:
         for p in params:
             p.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate: one output with all n candidates
 
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = (use_tqdm if callable(use_tqdm) else tqdm)(total=sum(p.n for p in params), desc="Processed prompts")
+
         async def one(i: int):
             final = None
             async for out in self.engine.generate(prompts[i], params[i], request_id=f"swift-fast-dp-{batch}-{i}"):
                 final = out
+            if bar is not None and final is not None:
+                bar.update(len(final.outputs))
             return final
 
         async def every():
             return await asyncio.gather(*(one(i) for i in range(len(prompts))))
 
-        return self._run(every())
+        try:
+            return self._run(every())
+        finally:
+            if bar is not None:
+                bar.close()
 
     def shutdown(self) -> None:
         if self.engine is not None:
