@@ -19,8 +19,17 @@ pass@k, with 95% bootstrap intervals; a PNG plot and a JSON summary beside the r
 
 Prompts and sampling are those of `swift-fast collect` (the dataset's template, temperature
 1.0, top-p 0.9). The rollout JSONL has one problem per line with every candidate's token ids,
-text, answer, correctness, `swift_score`, `swift_tokens` and `sar`. Resumable: problems are
-written as they finish and a rerun skips those already in --out.
+text, answer, correctness, `swift_score`, `swift_tokens`, `sar` and the trivial selectors'
+columns (`num_tokens`, DeepConf's `conf_lowest` and `conf_tail`, with --sar `mean_logprob`), so
+`swift-fast eval` on it shows the same rows. Resumable: problems are written as they finish and a
+rerun skips those already in --out.
+
+Under the table: the single-sample accuracy (the mean over all N candidates; the k=1 column is the
+first candidate alone), SWIFT@N minus a single sample and minus the best trivial selector with
+paired 95% intervals, and how many candidates stopped at the length limit. A candidate cut off
+there is graded wrong unless it completed a final answer statement first (--lenient-truncation:
+graded on its text). Progress counts candidates as they finish; vLLM's own output goes to
+<out>.vllm.log (--verbose shows it).
 
 --prune [SETTINGS] also runs Best-of-N with the weakest candidates stopped while they are
 generated (the plugin's pruning; settings as JSON or key=value pairs: signal

@@ -12,9 +12,15 @@ Generate N candidates per problem with the SWIFT paper's templates and sampling 
 prompt text and token ids, and per candidate the response token ids as generated (end of turn
 included), text, extracted answer, correctness and finish reason.
 
+A candidate cut off at --max-new-tokens is graded wrong unless it completed a final answer
+statement first, a closed \\boxed{} or "the answer is X." (--lenient-truncation: graded on its
+text). After the first chunk, a warning says so when almost nothing is correct (under 5%), and
+what to try: data that cannot teach a head is caught before the long run.
+
 Uses vLLM when it is installed (--engine auto), else transformers. Resumable: problems are
 written as they finish and a rerun skips the ids already in --out. Sampling is seeded per
-problem from --seed and the problem id.
+problem from --seed and the problem id. Progress counts candidates as they finish; vLLM's own
+output goes to <out>.vllm.log (--verbose shows it).
 """
 
 EXAMPLES = """\
