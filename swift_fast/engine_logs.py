@@ -162,6 +162,11 @@ class StartupOutput:
         _point_fds_at(path, os.O_TRUNC)
         self._held = True
 
+    @property
+    def held(self) -> bool:
+        """Whether descriptors 1 and 2 still go to the log file (not yet released)."""
+        return self._held
+
     def release(self) -> None:
         """The terminal back on descriptors 1 and 2 (once; later calls do nothing)."""
         if not self._held:

@@ -34,9 +34,6 @@ class _Line:
     def set_postfix(self, **kw) -> None:
         self.postfix.update(kw)
 
-    def set_description(self, desc: str) -> None:
-        self.desc = desc
-
     def refresh(self) -> None:
         pass
 
@@ -67,8 +64,9 @@ def phase(desc: str, total: int | None = None, unit: str = "it", enabled: bool =
 
 
 class _VllmBar:
-    """What vLLM's ``_run_engine`` reads and writes of a tqdm bar, forwarding finished
-    candidates (and their tokens, from the outputs vLLM passes) to a phase's bar."""
+    """What vLLM's ``_run_engine`` reads and writes of a tqdm bar (``n``, ``postfix``,
+    ``format_dict["elapsed"]``, ``update``, ``refresh``, ``close``), forwarding finished
+    candidates to a phase's bar; vLLM's own speed postfix is dropped."""
 
     def __init__(self, outer):
         self.outer = outer

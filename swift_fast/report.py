@@ -432,7 +432,8 @@ def selection_summary(c: Candidates, t: Table, score: str = "SWIFT", reps: int =
       of the best on a tie) and the paired difference ``score@k`` minus it;
     - the best score row (every row that is neither a baseline nor trivial) against majority;
     - how many candidates stopped at the length limit, and how many of those were graded
-      correct (a complete final answer before the limit).
+      correct (under the strict rule of ``swift_fast.grading``, those that completed a final
+      answer statement before the limit).
 
     Differences carry a 95% paired percentile bootstrap interval over problems (``reps``
     resamples, :func:`bootstrap_ci`)."""

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from swift_fast.engine_logs import StartupOutput, engine_output_to, engine_starting
+from swift_fast.engine_logs import engine_output_to, engine_starting
 
 
 def _run(code: str, tmp_path) -> subprocess.CompletedProcess:
@@ -70,4 +70,3 @@ def test_startup_output_is_held_until_released(tmp_path):
     assert r.stdout.splitlines() == ["after release"]
     assert r.stderr.splitlines() == ["our line", "native warning", "Loading 100%"]
     assert (tmp_path / "start.log").read_text().startswith("vLLM start-up line\n")
-    assert StartupOutput is not None

@@ -181,4 +181,4 @@ def test_collect_on_a_model_that_gets_nothing_right_says_so(tmp_path_factory, da
     first = read_rollouts(tmp_path / "r.jsonl")[:2]
     right = sum(c["correct"] for p in first for c in p.candidates)
     assert stats["written"] == 3 and right < 0.05 * 4  # a random model: nothing right
-    assert [r.getMessage()[:53] for r in caplog.records] == ["swift-fast collect: after the first 2 problems only 0"]
+    assert [r.getMessage()[:45] for r in caplog.records] == ["swift-fast: after the first 2 problems only 0"]

@@ -247,3 +247,26 @@ def test_figures_fit_their_titles(tmp_path):
         width, height = Image.open(path).size
         # bbox_inches="tight" grows the image around anything outside it: a cut or overlong title would
         assert width <= (w + 0.4) * 120 and height <= (h + 0.4) * 120, (path.name, width, height)
+
+
+def test_a_long_title_is_wrapped_inside_the_figure(monkeypatch):
+    """The title and subtitle's drawn extents lie within the figure; without the wrapping the same
+    title runs past both edges (the check can fail)."""
+    from swift_fast import plotting
+
+    long = ("pruning during Best-of-N: lag (the solver reads the first term twice and stays one term behind), "
+            "200 held-out problems x 16 candidates")
+
+    def outside() -> list[str]:
+        fig, ax = plotting.figure(8.0, 5.0)
+        plotting.titles(fig, ax, long, "each dot: one pruning setting replayed on the full run's values; " * 3)
+        fig.canvas.draw()
+        r, box = fig.canvas.get_renderer(), fig.bbox
+        out = [t.get_text()[:20] for t in (fig._suptitle, ax.title)
+               if t.get_window_extent(r).x0 < box.x0 or t.get_window_extent(r).x1 > box.x1]
+        plotting.pyplot().close(fig)
+        return out
+
+    assert outside() == []
+    monkeypatch.setattr(plotting, "_wrap", lambda text, width_in, fontsize: text)
+    assert len(outside()) == 2

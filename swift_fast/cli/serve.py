@@ -120,7 +120,7 @@ def run(args) -> int:
     try:
         code = _serve(argv)
     finally:
-        ready = not out._held
+        ready = not out.held
         out.release()
         if not ready:
             print(f"swift-fast serve: the server did not start; the end of vLLM's output ({args.startup_log}):\n"
@@ -166,7 +166,7 @@ def _announce_when_ready(out, host: str, port: int, args, poll: float = 0.5) -> 
     import urllib.request
 
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    while out._held:
+    while out.held:
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
                 if r.status == 200:

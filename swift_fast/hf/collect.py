@@ -361,7 +361,7 @@ def warn_few_correct(correct: int, candidates: int, problems: int, cfg: CollectC
     hints += ["easier problems", f"more candidates per problem (--n {max(2 * cfg.n, 16)}; now {cfg.n})",
               "a larger --max-new-tokens if answers are cut off"]
     logging.getLogger("swift_fast.collect").warning(
-        "swift-fast collect: after the first %d problems only %d of %d candidates (%.1f%%) are correct: a head "
+        "swift-fast: after the first %d problems only %d of %d candidates (%.1f%%) are correct: a head "
         "trained on these has almost nothing to learn from, and Best-of-N has little to select. Try %s.",
         problems, correct, candidates, 100 * correct / candidates, ", ".join(hints),
     )
