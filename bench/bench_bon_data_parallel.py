@@ -25,7 +25,7 @@ import time
 
 
 def build(args, root: str) -> tuple[str, str, str]:
-    """The random Llama and the head of ``bench_vllm_throughput.py`` (same ``--hidden``/``--layers``),
+    """The random Llama and the head of ``bench_vllm_throughput.py`` (same ``--hidden``/``--layers``/``--vocab``),
     and ``--problems`` generic arithmetic problems."""
     from bench_vllm_throughput import build as build_model_and_head
 
@@ -52,6 +52,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=512, help="the model's vocabulary size (default 512)")
     p.add_argument("--problems", type=int, default=48)
     p.add_argument("--n", type=int, default=8, help="candidates per problem")
     p.add_argument("--tokens", type=int, default=64, help="most new tokens per candidate")

