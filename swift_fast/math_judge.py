@@ -37,6 +37,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+import regex
+
 
 @dataclass(frozen=True)
 class Judgement:
@@ -205,12 +207,15 @@ def _number_with_units(content: str) -> str | None:
 # Plain-text chains of numeric equalities ("1320 - 51 = 1321", "$12 * 3 = $36", "18 eggs * 2 = 36").
 # Atomic groups, possessive digits and a bound on the terms of a side keep this linear in the
 # text's length (a long run of digits or of "1 + 1 + ..." would otherwise cost quadratic time).
+# NOTE: the standard library's ``re`` has atomic groups and possessive quantifiers only from
+# Python 3.11; the ``regex`` package (which transformers requires too) has them on every Python
+# the project supports.
 _TERM = r"(?>\(?[-−]?(?:\\?\$)?(?<![\d.,])\d++(?:,\d{3})*+(?:\.\d+)?+%?\)?)"
 _TERM_UNIT = rf"{_TERM}(?:\s+[A-Za-z]{{2,12}}(?=\s*(?:[-−+*/×÷=]|x\s)))?"
 _OP = r"\s*[-−+*/×÷]\s*|\s+x\s+"
 _SIDE = rf"(?>{_TERM_UNIT}(?:(?:{_OP}){_TERM_UNIT}){{0,24}})"
-_CHAIN = re.compile(rf"{_SIDE}(?:\s*=\s*{_SIDE})+")
-_LAST_SIDE = re.compile(rf"=\s*({_SIDE})$")
+_CHAIN = regex.compile(rf"{_SIDE}(?:\s*=\s*{_SIDE})+")
+_LAST_SIDE = regex.compile(rf"=\s*({_SIDE})$")
 _BEFORE_CHAIN_OK = re.compile(r"(?:^|[\s(\[:=,$])$")
 _OPERATOR_BEFORE = re.compile(r"(?:[-−+*/×÷^_=<>·]|\\[A-Za-z]+)\s*$")
 
@@ -218,7 +223,7 @@ _OPERATOR_BEFORE = re.compile(r"(?:[-−+*/×÷^_=<>·]|\\[A-Za-z]+)\s*$")
 def _last_sides(text: str) -> str:
     """Each plain-text chain of numeric equalities replaced by its last side."""
 
-    def repl(m: re.Match) -> str:
+    def repl(m: regex.Match) -> str:
         before = text[max(0, m.start() - 32) : m.start()]
         after = text[m.end() : m.end() + 1]
         if not _BEFORE_CHAIN_OK.search(before[-1:] if before else "") or _OPERATOR_BEFORE.search(before):
