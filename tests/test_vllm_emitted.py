@@ -31,6 +31,7 @@ from test_vllm_plugin import (
     TEXTS,
     Ref,
     _preemptions,
+    abort_while_held,
     assert_scores,
     env,
     flatten,
@@ -188,29 +189,12 @@ def test_streaming_outputs_cover_every_token_but_the_last(llama):
 
 def test_abort_while_held_leaves_nothing_behind(llama):
     llm, head, ref = llama
-    eng = llm.llm_engine
-    fe = _frontend(llm)
-    p = ref.prompt(TEXTS[0])
-    eng.add_request("held", {"prompt_token_ids": p}, sp(max_tokens=3, ignore_eos=True))
-    eng.add_request("other", {"prompt_token_ids": p}, sp(max_tokens=6, ignore_eos=True))
-    finished = {}
-    for _ in range(50):
-        for out in eng.step():
-            if out.finished:
-                finished[out.request_id] = out
-        if fe.pass_of:
-            break
-    passes = [fe.passes[pid][1] for pid in next(iter(fe.pass_of.values()))]
-    assert sorted(passes) == ["last", "sar"], "SAR's pass and the last-state pass are submitted together"
-    eng.abort_request(["held"])
-    assert not fe.pass_of and not fe.passes and not fe.pass_tokens
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                finished[out.request_id] = out
-    assert "held" not in finished and "other" in finished
-    assert_scores(ref, head, [finished["other"]], [p], sar=True)
-    assert not eng.output_processor.request_states
+
+    def check_held(fe):
+        passes = [fe.passes[pid][1] for pid in next(iter(fe.pass_of.values()))]
+        assert sorted(passes) == ["last", "sar"], "SAR's pass and the last-state pass are submitted together"
+
+    abort_while_held(llm, ref, head, check_held)
 
 
 # -- Qwen2: in-process, no SAR ---------------------------------------------------------------------

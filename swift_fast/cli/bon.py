@@ -156,6 +156,7 @@ def run(args) -> int:
     from ..hf.collect import collect
     from ..pruning import parse_text
     from ..rollouts import read_rollouts
+    from ..vllm_plugin.surface import VllmSurfaceError
 
     if args.n < 1:
         print("error: --n must be at least 1", file=sys.stderr)
@@ -205,7 +206,7 @@ def run(args) -> int:
         rows = report.standard_selectors("swift_score", sar=sar_key, trivial=report.trivial_selectors(cands))
         table = report.bon_table(cands, rows, ks, reps=args.bootstrap)
         summary = report.selection_summary(cands, table, report.selector_name("swift_score"), reps=args.bootstrap)
-    except (DataError, HeadError, ValueError, OSError) as e:
+    except (DataError, HeadError, VllmSurfaceError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(report.format_table(table))

@@ -133,12 +133,13 @@ def _serve(argv: list[str]) -> int:
     from vllm.entrypoints.cli.main import main as vllm_main
 
     from ..head import HeadError
+    from ..vllm_plugin.surface import VllmSurfaceError
 
     sys.argv = ["vllm", *argv]
     try:
         with _vllm_version_known():
             vllm_main()
-    except HeadError as e:
+    except (HeadError, VllmSurfaceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except SystemExit as e:

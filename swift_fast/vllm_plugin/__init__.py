@@ -11,15 +11,16 @@ wrapper looks for ``additional_config["swift_fast"]`` (see :mod:`.config`) and, 
 absent, returns what vLLM built untouched: without the config the plugin changes no object and
 costs nothing per step. ``VLLM_PLUGINS=swift_fast`` restricts vLLM to this plugin.
 
-Data path (vLLM 0.32, V1 model runner)
---------------------------------------
+Data path (vLLM 0.32-0.33, whichever model runner vLLM selects)
+----------------------------------------------------------------
 1. Start-up (front end, ``create_engine_config``): the head is loaded and checked against the
    model (``SwiftHead.check_model``: an error names head and model), speculative decoding,
-   micro-batching and torchrun's pipeline stages are refused (:func:`.config.check_engine`), and the head file's
+   micro-batching and torchrun's pipeline stages are refused (:func:`.config.check_engine`), every
+   vLLM symbol the plugin relies on is checked (:mod:`.surface`), and the head file's
    digest is written into the config, so vLLM's compile cache (keyed on ``additional_config``)
-   never reuses a graph built for another head. On GPUs that would use Model Runner V2, the
-   V1 runner is selected (``VLLM_USE_V2_MODEL_RUNNER=0``), because the step bookkeeping hooks it;
-   it is selected before vLLM builds the config, whose settings depend on the runner.
+   never reuses a graph built for another head. The plugin runs on the model runner vLLM
+   selects -- Model Runner V2 (the GPU default) or the V1 runner -- and never changes that choice
+   (``VLLM_USE_V2_MODEL_RUNNER`` is the user's).
 2. Forward (:mod:`.model_hooks`): the decoder modules producing the head's states get a
    subclass whose ``forward`` calls ``torch.ops.swift_fast.project_layer_`` on the state the
    moment it exists, adding ``h @ W_l^T`` into a float32 accumulator ``acc[max_batched_tokens, 2]``.
@@ -28,8 +29,9 @@ Data path (vLLM 0.32, V1 model runner)
    is kept: extra memory is O(max batched tokens) + O(max sequences). Under pipeline parallelism
    each stage projects the states of its own layers and its partial sums travel to the next
    stage with the hidden states (:mod:`.pipeline`); the last stage holds every token's sum.
-3. Step (:mod:`.runner`, wraps ``execute_model``/``_sample``/``sample_tokens`` of the runner
-   instance): rows that sample a kept token get a slot, ``finish_`` gates and sums their
+3. Step (:mod:`.runner`, one core; :mod:`.runner_v1` and :mod:`.runner_v2` tell it, through each
+   runner's own seams, which rows sample for which request, the logits before the sampler, the
+   sampled tokens and where the output is): rows that sample a kept token get a slot, ``finish_`` gates and sums their
    projection, and the step's per-request values (one token's ``g r``, ``g`` and, with SAR, the
    sampled token's log-prob under the model's unprocessed distribution, :mod:`.sar_worker`)
    ride on the ``ModelRunnerOutput``. The worker holds no score state across steps, and the
@@ -71,19 +73,19 @@ that of the previous token as an input, and the states of the last token, which 
 never feeds back, come from a last-state pass that recomputes at most one KV block per finished
 candidate (:mod:`.last_state`; where no exact last state exists the score is None).
 
-Limits: V1 model runner only; no speculative decoding, no dual-batch overlap / micro-batching,
-no pipeline stages under the torchrun (``external_launcher``) backend (refused at start-up);
+Limits: no speculative decoding, no dual-batch overlap / micro-batching, no pipeline stages
+under the torchrun (``external_launcher``) backend, and on Model Runner V2 no batch-sharded
+sampling and no prefill context parallelism (all refused at start-up, naming the feature);
 beam search runs unscored; models laid out as ``model.model.layers`` + ``model.model.norm``
-(Llama, Qwen2/3, Mistral and kin). Tested with vLLM 0.32 (:data:`TESTED_VLLM`; another version
-starts with a warning).
+(Llama, Qwen2/3, Mistral and kin). Tested with vLLM 0.32 on both runners, and read against
+0.33 (:data:`.surface.TESTED_VLLM`; another version starts with a warning, and one whose symbols moved
+does not start, :mod:`.surface`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
-from collections.abc import Mapping
 
 logger = logging.getLogger("swift_fast.vllm_plugin")
 
@@ -117,6 +119,9 @@ def prepare_config(vllm_config) -> None:
     cfg = plugin_config(vllm_config)
     if cfg is None:
         return
+    from .surface import check_surface
+
+    check_surface()  # the front end's and the engine core's vLLM symbols, before any process starts
     head = cfg.load_head()
     check_engine(vllm_config, head)
     warn_untested_vllm()
@@ -128,17 +133,8 @@ def prepare_config(vllm_config) -> None:
     section["head"] = cfg.head_path
     section["_head_sha256"] = sha256_of(cfg.head_path)
     vllm_config.additional_config[KEY] = section
-    if vllm_config.use_v2_model_runner:
-        select_v1_runner()
-        if vllm_config.use_v2_model_runner:
-            from ..head import HeadError
-
-            raise HeadError(
-                "swift-fast hooks vLLM's V1 model runner, and this configuration requires Model Runner V2: "
-                "set VLLM_USE_V2_MODEL_RUNNER=0 (or drop the feature that needs V2)"
-            )
-        logger.info("swift-fast: using vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
-    logger.info("swift-fast: head %s (%s) on %s", cfg.head_path, head.extra_repr(), vllm_config.model_config.model)
+    logger.info("swift-fast: head %s (%s) on %s, vLLM's %s model runner", cfg.head_path, head.extra_repr(),
+                vllm_config.model_config.model, "V2" if vllm_config.use_v2_model_runner else "V1")
 
 
 def warn_costly_last_state(vllm_config, head) -> None:
@@ -153,41 +149,17 @@ def warn_costly_last_state(vllm_config, head) -> None:
         )
 
 
-def select_v1_runner() -> None:
-    """``VLLM_USE_V2_MODEL_RUNNER=0`` for this process and the ones it starts.
-
-    It stays set: vLLM reads the runner choice from the environment (``VllmConfig.use_v2_model_runner``
-    is a property) in the front end, the engine core and every worker, at start-up and after, so
-    it cannot be restored while the engine lives. A later engine of the same process without a
-    head therefore runs the V1 runner too; set ``VLLM_USE_V2_MODEL_RUNNER=1`` before building it to
-    get V2 back.
-
-    NOTE: vLLM caches its environment once an engine core has started in a process
-    (``envs.enable_envs_cache``); a second engine built in the same process (RL loops build
-    several) would read the stale value, so the cache is cleared after the change.
-    """
-    from vllm import envs
-
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    clear = getattr(envs.__getattr__, "cache_clear", None)
-    if clear is not None:
-        clear()
-
-
-#: vLLM versions the plugin is tested with (it hooks internals of the V1 model runner, which
-#: vLLM has deprecated: another minor version may move them)
-TESTED_VLLM = ("0.32.",)
-
-
 def warn_untested_vllm() -> None:
-    import vllm
+    """A vLLM outside the tested range whose symbols all check out (:mod:`.surface`) still runs,
+    with this warning."""
+    from .surface import installed_version, is_tested, tested_range
 
-    version = getattr(vllm, "__version__", "?")
-    if not version.startswith(TESTED_VLLM):
+    version = installed_version()
+    if not is_tested(version):
         logger.warning(
-            "swift-fast is tested with vLLM %s and this is vLLM %s: the plugin hooks the V1 model runner's "
-            "internals, which may have moved; check the scores (e.g. tests/test_vllm_plugin.py) before relying "
-            "on them", " / ".join(v + "x" for v in TESTED_VLLM), version,
+            "swift-fast is tested with vLLM %s and this is vLLM %s: every vLLM symbol the plugin uses was found "
+            "as expected (swift_fast.vllm_plugin.surface), but their behaviour may have changed; check the scores "
+            "(e.g. tests/test_vllm_plugin.py) before relying on them", tested_range(), version,
         )
 
 
@@ -200,19 +172,6 @@ def _wrap_engine_args() -> None:
 
     @functools.wraps(orig)
     def create_engine_config(self, *args, **kwargs):
-        from .config import KEY
-
-        extra = getattr(self, "additional_config", None)
-        if isinstance(extra, Mapping) and extra.get(KEY) is not None:
-            # NOTE: before the config is built: vLLM settles async scheduling (off for pipeline
-            # stages on the V1 runner), CUDA graphs and its runner validation in
-            # ``VllmConfig.__post_init__`` for the runner it expects then
-            if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "0":
-                select_v1_runner()
-                from vllm.platforms import current_platform
-
-                if current_platform.is_cuda_alike():
-                    logger.info("swift-fast: using vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)")
         vllm_config = orig(self, *args, **kwargs)
         prepare_config(vllm_config)
         return vllm_config
@@ -273,7 +232,13 @@ def _wrap_scheduler() -> None:
 
 
 # -- workers: model runner --------------------------------------------------------------------
-_RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.cpu_model_runner")
+#: (module, class) of every model runner whose ``load_model`` installs the plugin: V1 (GPU, CPU)
+#: and Model Runner V2 (its CPU runner inherits ``load_model`` from the GPU one)
+_RUNNERS = (
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
+    ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
+)
 
 
 def _wrap_runners() -> None:
@@ -282,8 +247,8 @@ def _wrap_runners() -> None:
     a front-end process never imports the runner modules."""
     import sys
 
-    if any(m in sys.modules for m in _RUNNER_MODULES):
-        _wrap_runner_classes()
+    if any(m in sys.modules for m, _ in _RUNNERS):
+        _wrap_runner_classes(v2=True)
         return
     from vllm.v1.worker.worker_base import WorkerBase
 
@@ -293,17 +258,23 @@ def _wrap_runners() -> None:
 
     @functools.wraps(orig)
     def __init__(self, *args, **kwargs):
-        _wrap_runner_classes()
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        _wrap_runner_classes(v2=_configured(vllm_config) is not None and vllm_config.use_v2_model_runner)
         orig(self, *args, **kwargs)
 
     __init__._swift_fast = True
     WorkerBase.__init__ = __init__
 
 
-def _wrap_runner_classes() -> None:
+def _wrap_runner_classes(v2: bool) -> None:
+    """``v2``: import Model Runner V2's module too (only a worker that runs it needs it; one already
+    imported is wrapped either way)."""
     import importlib
+    import sys
 
-    for name, cls_name in zip(_RUNNER_MODULES, ("GPUModelRunner", "CPUModelRunner")):
+    for name, cls_name in _RUNNERS:
+        if name.startswith("vllm.v1.worker.gpu.") and not v2 and name not in sys.modules:
+            continue
         try:
             cls = getattr(importlib.import_module(name), cls_name)
         except (ImportError, AttributeError):
@@ -318,7 +289,10 @@ def _wrap_runner_classes() -> None:
                 out = orig(self, *args, **kwargs)
                 cfg = _configured(self.vllm_config)
                 if cfg is not None and getattr(self, "_swift_fast", None) is None:
-                    from .runner import install_on_runner
+                    from .adapters import install_on_runner, runner_kind
+                    from .surface import check_surface
+
+                    check_surface(runner_kind(self))  # this worker's runner's symbols, before any is hooked
 
                     self._swift_fast = install_on_runner(self, cfg)
                 return out

@@ -237,6 +237,20 @@ def check_engine(vllm_config: Any, head: SwiftHead) -> None:
             "accumulator is indexed from 0 in every slice, so both would add into the same rows. Remove "
             "--enable-dbo / --ubatch-size to serve with a SWIFT head"
         )
+    if getattr(parallel, "enable_batch_sharded_sampling", False):
+        raise HeadError(
+            "swift-fast does not support batch-sharded sampling (--enable-batch-sharded-sampling, Model Runner V2): "
+            "each tensor-parallel rank then computes the logits of its own requests only, and SAR, DeepConf "
+            "confidence, trace and logit-feature heads read the logits of every request. Remove the flag to serve "
+            "with a SWIFT head"
+        )
+    pcp = getattr(parallel, "prefill_context_parallel_size", 1)
+    if pcp and pcp > 1:
+        raise HeadError(
+            f"swift-fast does not support prefill context parallelism (prefill_context_parallel_size={pcp}, Model "
+            "Runner V2): each rank computes a slice of a prompt's tokens, so the head's per-token sums no longer "
+            "line up with the states vLLM gathers for sampling. Use tensor or pipeline parallelism"
+        )
     pp = getattr(parallel, "pipeline_parallel_size", 1)
     if pp and pp > 1 and getattr(parallel, "distributed_executor_backend", None) == "external_launcher":
         raise HeadError(

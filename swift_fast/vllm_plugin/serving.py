@@ -270,6 +270,9 @@ def install_serving() -> None:
     global _INSTALLED
     if _INSTALLED:
         return
+    from .surface import check_surface
+
+    check_surface(sides=("server",))  # the OpenAI serving symbols patched below
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
     from vllm.entrypoints.serve.engine.protocol import ErrorResponse
