@@ -5,15 +5,16 @@ one step late, and the last token's come from a last-state pass (``swift_fast.vl
 Every score is compared with ``swift_fast.hf.swift_scores`` for the same head and token ids, in
 the conditions the ``predicting`` tests cover: ``n > 1``, stop strings, stop tokens, ``max_tokens``,
 prefix caching with hits, chunked prefill, preemption, an abort while the candidate is held, SAR
-on, pruning, and the server with streaming.
+on and pruning (the server, streamed and with ``best_of_n``, serves an ``emitted`` head in
+``tests/test_vllm_runner_v2.py``).
 
 * Llama, multiprocess engine core, SAR on, chunked prefill (64-token budget), prefix caching,
   32-token blocks and a 12-block KV cache that forces preemption.
 * Qwen2, in-process engine core, an ungated head over states ``[2, 0]``, no SAR: the pass's
   cost is read from the engine's own statistics.
 * A head imported from a reference checkpoint trained with ``--apply_norm`` (state norm, every
-  hidden state), in-process against the paper's formula in float64, and behind the server with
-  vLLM's default torch.compile.
+  hidden state), in-process against the paper's formula in float64 (under torch.compile, across
+  pipeline stages, in ``tests/test_vllm_runner_v2.py``).
 """
 
 from __future__ import annotations
@@ -363,57 +364,6 @@ def test_an_imported_apply_norm_head_scores_as_the_papers_formula(gain_llama, tm
     got = torch.tensor([c.swift_score for c in outs], dtype=torch.float64)
     assert want.std() > 0.05
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-
-
-# -- the server: async engine, torch.compile, streaming ----------------------------------------------
-@pytest.fixture(scope="module")
-def server(gain_llama, tmp_path_factory):
-    """vLLM's default settings (torch.compile on), SAR on, an imported ``--apply_norm`` head: the
-    normalised projection inside the compiled graph."""
-    openai = pytest.importorskip("openai")
-    from swift_fast.testing import serve
-
-    root = tmp_path_factory.mktemp("emitted_server")
-    head, _ = imported_head(gain_llama, str(root / "reward_model.pt"), seed=22)
-    hp = str(root / "head.safetensors")
-    head.save(hp)
-    with serve(gain_llama, hp, root / "server.log", sar=True, kv_cache_bytes=1024 * KV_BYTES_PER_TOKEN) as s:
-        yield openai.OpenAI(base_url=f"{s.url}/v1", api_key="none"), gain_llama, head, Ref(gain_llama)
-
-
-def _extra(obj, key):
-    return (obj.model_extra or {}).get(key)
-
-
-def test_server_streams_and_scores_emitted_heads_exactly(server):
-    client, path, head, ref = server
-    prompt = ref.prompt(TEXTS[1])
-    ids, finals = {}, {}
-    for chunk in client.completions.create(model=path, prompt=prompt, n=2, max_tokens=10, temperature=1.0,
-                                           stream=True, extra_body={"return_token_ids": True}):
-        for c in chunk.choices:
-            ids.setdefault(c.index, []).extend(_extra(c, "token_ids") or [])
-            if c.finish_reason is not None:
-                finals[c.index] = c
-    assert sorted(finals) == [0, 1]
-    for i, c in finals.items():
-        assert _extra(c, "swift_tokens") == len(ids[i]) and isinstance(_extra(c, "sar"), float)
-    got = torch.tensor([_extra(finals[i], "swift_score") for i in (0, 1)])
-    torch.testing.assert_close(got, ref.swift(head, [prompt] * 2, [ids[0], ids[1]]), rtol=RTOL, atol=ATOL)
-    torch.testing.assert_close(torch.tensor([_extra(finals[i], "sar") for i in (0, 1)]),
-                               ref.sar([prompt] * 2, [ids[0], ids[1]]), rtol=RTOL, atol=ATOL)
-
-
-def test_server_best_of_n_in_chat_with_an_emitted_head(server):
-    client, path, head, ref = server
-    r = client.chat.completions.create(model=path, messages=[{"role": "user", "content": TEXTS[0]}], max_tokens=8,
-                                       temperature=1.0, extra_body={"best_of_n": 3, "return_token_ids": True})
-    (c,) = r.choices
-    info = _extra(c, "best_of_n")
-    assert info["n"] == 3 and _extra(c, "swift_score") == max(info["swift_scores"])
-    prompt = list(_extra(r, "prompt_token_ids"))
-    torch.testing.assert_close(torch.tensor([_extra(c, "swift_score")]),
-                               ref.swift(head, [prompt], [list(_extra(c, "token_ids"))]), rtol=RTOL, atol=ATOL)
 
 
 def test_streaming_input_sessions_run_whole_and_unscored(models, tmp_path):

@@ -125,7 +125,7 @@ def test_sar_passes_refused_or_queued_during_a_wait_pause_deliver_their_values(m
             assert fe.passes_refused == len(refused) and len(set(refused)) == len(refused)
             assert not fe.parked and not fe.passes and not fe.pass_of and not fe.op.request_states
         finally:
-            eng.shutdown()
+            eng.shutdown(timeout=1.0)
         return results
 
     results = asyncio.run(asyncio.wait_for(run(), 300))

