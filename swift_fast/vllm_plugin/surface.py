@@ -306,7 +306,7 @@ SURFACE: tuple[Symbol, ...] = (
         "vllm.v1.engine.core_client",
         ("EngineCoreClient.add_request", "method", "call", _p("request", pos=1)),
         ("EngineCoreClient.add_request_async", "method", "call", _p("request", pos=1)),
-        ("EngineCoreClient.shutdown", "method", "call", {"side": "tools"}),
+        ("EngineCoreClient.shutdown", "method", "call", {"side": "tools", **_p("timeout")}),
         ("MPClient.core_engines", "attribute", "read"),
         ("DPLBAsyncMPClient.reqs_in_flight", "attribute", "read"),
     ),
