@@ -145,10 +145,10 @@ class V2Stage(PipelineStage):
             orig_execute = runner.execute_model
             stage = self
 
-            def execute_model(self_, scheduler_output, intermediate_tensors=None, *args, **kwargs):
-                if intermediate_tensors is not None and not kwargs.get("dummy_run", False):
+            def execute_model(self_, scheduler_output, intermediate_tensors=None, dummy_run=False, *args, **kwargs):
+                if intermediate_tensors is not None and not dummy_run:
                     stage.received += 1
-                return orig_execute(scheduler_output, intermediate_tensors, *args, **kwargs)
+                return orig_execute(scheduler_output, intermediate_tensors, dummy_run, *args, **kwargs)
 
             runner.execute_model = types.MethodType(execute_model, runner)
 
