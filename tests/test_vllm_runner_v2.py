@@ -43,6 +43,7 @@ from test_vllm_plugin import (
     TEXTS,
     Ref,
     _preemptions,
+    _run_profiling,
     abort_while_held,
     assert_scores,
     env,
@@ -158,6 +159,14 @@ def test_an_abort_while_the_sar_pass_runs_leaves_nothing_behind(llama):
     abort_while_held(llm, ref, head, check_held)
     (w,) = llm.collective_rpc(plugin_state)
     assert w["requests"] == 0 and w["sar_passes"] == 0, "the worker forgot every request it recorded"
+
+
+def test_memory_profiling_runs_the_sar_pass_peak_on_mrv2(llama):
+    """``profile_run`` is the seam on both runners: SAR's largest transient work runs inside it."""
+    llm, head, ref = llama
+    assert llm.collective_rpc(_run_profiling) == [True]
+    res = llm.generate(tokens([ref.prompt(TEXTS[0])]), sp(max_tokens=4), use_tqdm=False)
+    assert_scores(ref, head, res, [ref.prompt(TEXTS[0])], sar=True)
 
 
 @pytest.mark.parametrize("signal", ["swift", "confidence", "combined"])
