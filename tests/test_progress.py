@@ -12,18 +12,53 @@ class _Tty(io.StringIO):
         return True
 
 
-def test_a_phase_off_a_terminal_prints_one_line_with_its_figures():
+def test_a_phase_off_a_terminal_prints_whole_lines_at_each_tenth_and_one_summary():
     out = io.StringIO()
     bar = phase("generate (vllm)", total=48, unit="candidate", file=out)
-    for _ in range(3):
-        bar.update(16)
+    bar.update(2)
+    assert out.getvalue() == ""  # under a tenth, and well within the heartbeat: nothing yet
+    bar.update(14)  # 16 of 48: the third tenth
+    bar.update(16)  # 32 of 48: the sixth
+    running = out.getvalue().splitlines()
+    assert len(running) == 2 and "\r" not in out.getvalue()
+    assert running[0].startswith("generate (vllm): 16/48 candidates (33%) after ")
+    assert "candidate/s" in running[0] and running[0].endswith(" left")
+    assert running[1].startswith("generate (vllm): 32/48 candidates (67%)")
+    bar.update(16)
     bar.set_postfix(tokens="1,024")
-    assert out.getvalue() == ""  # nothing while it runs: no carriage-return redraws in a log
     bar.close()
     bar.close()
-    line = out.getvalue()
-    assert line.count("\n") == 1 and "\r" not in line
-    assert line.startswith("generate (vllm): 48/48 candidates in ") and line.rstrip().endswith("tokens 1,024")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3  # the last tenth is the closing line's, and a second close prints nothing
+    assert lines[2].startswith("generate (vllm): 48/48 candidates in ") and lines[2].endswith("tokens 1,024")
+
+
+def test_a_phase_whose_count_does_not_move_still_prints_a_line_every_heartbeat():
+    import time
+
+    out = io.StringIO()
+    bar = phase("generate (vllm)", total=100, unit="candidate", file=out, heartbeat=0.2)
+    time.sleep(0.5)
+    bar.update(1)
+    time.sleep(0.3)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    beats = lines[:-1]
+    assert len(beats) >= 2, lines
+    assert beats[0].startswith("generate (vllm): 0/100 candidates (0%) after ") and beats[0].endswith("no estimate yet")
+    assert any(b.startswith("generate (vllm): 1/100 candidates (1%)") and b.endswith(" left") for b in beats), beats
+    n = len(lines)
+    time.sleep(0.5)
+    assert len(out.getvalue().splitlines()) == n  # closed: the timer stopped
+
+
+def test_a_phase_without_tenths_prints_only_heartbeats_and_its_summary():
+    out = io.StringIO()
+    bar = phase("epoch 1", total=10, unit="batch", file=out, tenths=False)
+    for _ in range(10):
+        bar.update(1)
+    bar.close()
+    assert len(out.getvalue().splitlines()) == 1
 
 
 def test_a_phase_on_a_terminal_is_a_bar_and_a_disabled_one_prints_nothing():

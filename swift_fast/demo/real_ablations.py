@@ -1,0 +1,212 @@
+"""What makes a head learn on a real model: variants of ``swift-fast train`` trained on the
+recipe's training rollouts, all scoring the same held-out candidates (the recipe's ``bon``
+run), each set beside every trivial selector on those candidates.
+
+Every variant reads its states from one feature cache of all hidden states (predicting
+alignment, bfloat16, response tokens only) of training and held-out candidates alike, computed
+once (``HFFeatureSource``); a variant picks its layers from it (``_LayerView``). The held-out
+candidates never reach training or early stopping: the validation split is carved out of the
+training problems as ``train`` does (20% of problems, seeded).
+
+Reported per variant: Best-of-N at k = N on the held-out problems, SWIFT minus the best trivial
+selector with a paired bootstrap interval, the weighted vote, the within-problem AUC (the mean
+over problems with both kinds of candidate of the AUC of the score among that problem's
+candidates: what Best-of-N rewards, blind to how hard a problem is), and the same for the score
+with length regressed out within problems (``length_residual``). A learning curve repeats the
+shipped setting on growing subsets of the training problems.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Sequence
+
+import torch
+
+from .. import report
+from ..rollouts import read_rollouts
+from ..training import within_problem_auc
+
+KS = (1, 2, 4, 8, 16)
+
+
+class _LayerView:
+    """A ``FeatureSource`` over a cache of every state: the states at ``positions`` of it."""
+
+    def __init__(self, source, positions: Sequence[int]):
+        self.source, self.positions = source, list(positions)
+        self.recomputes = False
+        self.progress_note = None
+
+    def features(self, keys):
+        states, cu = self.source.features(keys)
+        return [states[i] for i in self.positions], cu
+
+    def mean_logprobs(self, keys):
+        return self.source.mean_logprobs(keys)
+
+
+def length_residual(scores: torch.Tensor, lengths: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """``scores`` minus their least-squares fit on length within problems (both centred per
+    problem, one slope for all): what of the score length does not explain, float64."""
+    s, n = scores.double(), lengths.double()
+    sc, nc = s.clone(), n.clone()
+    for g in torch.unique(groups):
+        idx = groups == g
+        sc[idx] -= s[idx].mean()
+        nc[idx] -= n[idx].mean()
+    den = float((nc * nc).sum())
+    beta = float((sc * nc).sum()) / den if den > 0 else 0.0
+    return s - beta * n
+
+
+def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Sequence[int] = (50, 100, 200),
+                  seed: int = 0, model: str | None = None, test_rollouts: str | None = None,
+                  curve_variant: str | None = None, log=print) -> dict:
+    """Train each variant (``{name: train keyword changes}``; default ``default_variants()``) and
+    the learning curve on ``out/train_rollouts.jsonl``, score the held-out candidates
+    (``test_rollouts``, default ``out/test_bon.jsonl``), write ``out/ablations.json`` and return
+    it. The held-out rows beside each variant are the trivial selectors whose columns the file
+    has (a ``bon`` file: all of them; a ``collect`` file: length and, computed here in the forward
+    that gives the features, mean log-prob). The learning curve repeats ``curve_variant``
+    (default: the first variant). ``model``: the model folder (default: the one the recipe's
+    ``times.json`` names)."""
+    from transformers import AutoModelForCausalLM
+
+    from ..head import SwiftHead
+    from ..hf.train import HFFeatureSource
+    from ..training import Example, score_and_count, split_by_problem, train_head
+
+    if model is None:
+        with open(os.path.join(out, "times.json")) as f:
+            model = json.load(f)["model"]
+    model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    train_p = read_rollouts(os.path.join(out, "train_rollouts.jsonl"))
+    test_p = read_rollouts(test_rollouts or os.path.join(out, "test_bon.jsonl"))
+    seqs, plens, owner = [], [], []
+    for part, problems in (("train", train_p), ("test", test_p)):
+        for p in problems:
+            for i, c in enumerate(p.candidates):
+                if not c["token_ids"]:
+                    continue
+                seqs.append(list(p.prompt_token_ids) + list(c["token_ids"]))
+                plens.append(len(p.prompt_token_ids))
+                owner.append((part, p.id, i, bool(c["correct"])))
+    num_layers = model.config.num_hidden_layers
+    everything = list(range(num_layers + 1))
+    t0 = time.perf_counter()
+    source = HFFeatureSource(model, seqs, plens, everything, "predicting", "hidden",
+                             cache_dir=os.path.join(out, "ablation_cache"),
+                             spec={"what": "every state, predicting", "n": len(seqs), "tokens": sum(map(len, seqs))},
+                             logprob_keys=None)  # mean log-probs from the same forward: length's peer
+    log(source.cache_note)
+
+    source.fill(progress=True)
+    log(f"features of {len(seqs)} candidates in {time.perf_counter() - t0:.0f} s")
+    lp = source.mean_logprobs(list(range(len(seqs)))).tolist()
+    for key, (part, pid, i, _) in enumerate(owner):
+        if part == "test":
+            cand = next(p for p in test_p if p.id == pid).candidates[i]
+            if cand.get("mean_logprob") is None:
+                cand["mean_logprob"] = lp[key]
+
+    train_ids = sorted({o[1] for o in owner if o[0] == "train"})
+    examples_by_problem: dict[str, list[Example]] = {}
+    test_ex = []
+    for key, (part, pid, _, y) in enumerate(owner):
+        e = Example(key=key, problem=pid, label=y)
+        (examples_by_problem.setdefault(pid, []) if part == "train" else test_ex).append(e)
+    tr_ids, va_ids = split_by_problem(train_ids, 0.2, seed)
+    test_index = {(o[1], o[2]): k for k, o in enumerate(owner) if o[0] == "test"}
+
+    def evaluate(head, name) -> dict:
+        view = _LayerView(source, [everything.index(i) for i in head.layers])
+        s, tokens = score_and_count(head, view, test_ex, batch_size=64)
+        by_key = {e.key: float(v) for e, v in zip(test_ex, s)}
+        labels = torch.tensor([float(e.label) for e in test_ex])
+        groups = torch.tensor([hash(e.problem) % (1 << 61) for e in test_ex])
+        resid = length_residual(s, tokens, groups)
+        res_key = {e.key: float(v) for e, v in zip(test_ex, resid)}
+        for p in test_p:
+            for i, c in enumerate(p.candidates):
+                k = test_index.get((p.id, i))
+                c[f"a:{name}"] = by_key.get(k, float("-inf"))
+                c[f"r:{name}"] = res_key.get(k, float("-inf"))
+        cands = report.gather(test_p, [f"a:{name}", f"r:{name}"], n=16, signals=True)
+        rows = {"random": report.random_choice, "majority": report.majority, **report.trivial_selectors(cands),
+                name: report.best_of(f"a:{name}"), f"{name} (length regressed out)": report.best_of(f"r:{name}"),
+                f"{name} weighted vote": report.weighted(f"a:{name}"), "oracle pass@k": report.oracle}
+        t = report.bon_table(cands, rows, KS, reps=1000)
+        summ = report.selection_summary(cands, t, name, reps=1000)
+        return {
+            "bon": {r: t.rows[r][16] for r in t.rows},
+            "minus_best_trivial": summ["swift_minus_best_trivial"],
+            "within_problem_auc": within_problem_auc(s, labels, groups),
+            "within_problem_auc_length_residual": within_problem_auc(resid, labels, groups),
+        }
+
+    def fit(name, problems_ids, **change):
+        h = {"layers": "all", "loss": "bce", "lr": 1e-4, "weight_decay": 1e-5, "gate": True, "select": "loss",
+             "standardize": False}
+        h.update(change)
+        from ..head import resolve_layers
+
+        layers = resolve_layers(h["layers"], num_layers)
+        head = SwiftHead(model.config.hidden_size, layers, gate=h["gate"], alignment="predicting")
+        view = _LayerView(source, [everything.index(i) for i in layers])
+        keep = set(tr_ids)
+        tr = [e for pid in problems_ids if pid in keep for e in examples_by_problem[pid]]
+        va = [e for pid in va_ids for e in examples_by_problem[pid]]
+        t = time.perf_counter()
+        res = train_head(head, view, tr, va, loss=h["loss"], lr=h["lr"], weight_decay=h["weight_decay"],
+                         seed=seed, progress=False, select=h["select"], standardize=h["standardize"])
+        r = {"setting": h, "train_problems": len({e.problem for e in tr}), "best_epoch": res.best_epoch,
+             "epochs_run": res.epochs_run, "seconds": time.perf_counter() - t, **evaluate(head, name)}
+        bon = r["bon"]
+        log(f"{name:34s} BoN@16 {100 * bon[name]:5.1f}"
+            f"  length-residual {100 * bon[name + ' (length regressed out)']:5.1f}"
+            f"  vote {100 * bon[name + ' weighted vote']:5.1f}  wAUC {r['within_problem_auc']:.3f}"
+            f"  vs best trivial {100 * r['minus_best_trivial']['difference']:+5.1f}"
+            f" [{100 * r['minus_best_trivial']['ci95'][0]:+.1f}, {100 * r['minus_best_trivial']['ci95'][1]:+.1f}]"
+            f"  (epoch {res.best_epoch}/{res.epochs_run}, {r['seconds']:.0f} s)")
+        return r
+
+    results = {"variants": {}, "curve": {}}
+    variants = variants or default_variants()
+    for name, change in variants.items():
+        results["variants"][name] = fit(name, train_ids, **change)
+    curve_variant = curve_variant or next(iter(variants))
+    order = list(tr_ids)
+    import random
+
+    random.Random(seed).shuffle(order)
+    for size in curve:
+        if size < len(tr_ids):
+            results["curve"][size] = fit(f"curve {size}", order[:size], **variants[curve_variant])
+    results["curve"][len(tr_ids)] = results["variants"][curve_variant]
+    results["curve_variant"] = curve_variant
+    b = next(iter(results["variants"].values()))["bon"]
+    results["baselines"] = {r: v for r, v in b.items() if not r.startswith(tuple(results["variants"]))}
+    with open(os.path.join(out, "ablations.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    return results
+
+
+def default_variants() -> dict:
+    return {
+        "paper defaults": {},
+        "standardized": {"standardize": True},
+        "standardized, select by pairs": {"standardize": True, "select": "pairs"},
+        "standardized, weight decay 0.1": {"standardize": True, "weight_decay": 0.1},
+        "standardized, loss dpo": {"standardize": True, "loss": "dpo"},
+        "select by within-problem AUC": {"select": "pairs"},
+        "last 4 states": {"layers": "last4"},
+        "every 5th state": {"layers": "0,5,10,15,20,25,30"},
+        "weight decay 0.1": {"weight_decay": 0.1},
+        "lr 1e-3": {"lr": 1e-3},
+        "loss dpo": {"loss": "dpo"},
+        "loss infonca": {"loss": "infonca"},
+        "no gate": {"gate": False},
+    }
