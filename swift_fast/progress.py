@@ -35,6 +35,10 @@ def _duration(s: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+def _plural(unit: str) -> str:
+    return unit + ("es" if unit.endswith(("s", "sh", "ch", "x")) else "s")
+
+
 class _Line:
     """The non-terminal stand-in for a tqdm bar: counts, prints a line at each tenth of the total
     and at least every ``heartbeat`` seconds while it runs, and one line at ``close``."""
@@ -76,7 +80,7 @@ class _Line:
             left = ", no estimate yet"
         else:
             left = ""
-        print(f"{self.desc}: {self.n}{of} {self.unit}s{pct} after {_duration(dt)}{rate}{left}",
+        print(f"{self.desc}: {self.n}{of} {_plural(self.unit)}{pct} after {_duration(dt)}{rate}{left}",
               file=self.file, flush=True)
 
     def update(self, n: int = 1) -> None:
@@ -105,7 +109,7 @@ class _Line:
         of = f"/{self.total}" if self.total is not None else ""
         rate = f", {self.n / dt:.1f} {self.unit}/s" if dt > 0 and self.n else ""
         extra = "".join(f", {k} {v}" for k, v in self.postfix.items())
-        print(f"{self.desc}: {self.n}{of} {self.unit}s in {dt:.1f} s{rate}{extra}", file=self.file, flush=True)
+        print(f"{self.desc}: {self.n}{of} {_plural(self.unit)} in {dt:.1f} s{rate}{extra}", file=self.file, flush=True)
 
 
 def phase(desc: str, total: int | None = None, unit: str = "it", enabled: bool = True, file=None,

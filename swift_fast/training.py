@@ -55,7 +55,7 @@ from .progress import phase
 
 LOSSES = ("bce", "hinge", "dpo", "infonca", "nca")
 #: what picks the kept epoch (``train_head(select=...)``)
-SELECT = ("loss", "pairs")
+SELECT = ("auto", "pairs", "loss")
 GROUP_LOSSES = ("dpo", "infonca", "nca")
 DEFAULT_ALPHA = 0.01
 
@@ -302,6 +302,8 @@ class TrainResult:
     labels: dict = field(default_factory=dict)
     #: ``free_baselines`` of the best epoch's validation scores: the head beside length and log-prob
     baselines: dict = field(default_factory=dict)
+    #: what picked the kept epoch ("loss" or "pairs"; ``select="auto"`` resolved)
+    select: str = "loss"
 
 
 # -- label balance ---------------------------------------------------------------------------
@@ -534,7 +536,8 @@ def free_baselines(
         mean_logprobs: mean ``log P(r_j | prefix)`` of each response under the model, or None.
     Returns:
         JSON-ready: ``head``, ``length`` (with its ``direction``, ``shorter`` or ``longer``),
-        ``mean_logprob`` (None without log-probs) each with ``auc`` and ``bon`` (Best-of-N over all
+        ``mean_logprob`` (None without log-probs) each with ``auc``, ``within_auc``
+        (``within_problem_auc``) and ``bon`` (Best-of-N over all
         candidates of a problem, ties to the lowest index); ``random`` (mean correctness per
         problem) and ``oracle`` (pass@N) with ``bon``; ``verdict``: the head against the free
         baseline with the higher AUC, the AUC difference and its ``level`` interval from a paired
@@ -552,7 +555,8 @@ def free_baselines(
         )
     sizes = [len(i) for i in _group_ids(gr)]
     out: dict = {"problems": len(sizes), "candidates": len(s), "n": sizes[0] if len(set(sizes)) == 1 else None}
-    out["head"] = {"auc": auc(s, y), "bon": float(bon_outcomes(s, y, gr).mean())}
+    out["head"] = {"auc": auc(s, y), "within_auc": within_problem_auc(s, y, gr),
+                   "bon": float(bon_outcomes(s, y, gr).mean())}
     # NOTE: the direction is chosen on the very candidates it is measured on, which flatters the
     # length baseline: the conservative side when the question is whether the head beat it
     longer = auc(length, y)
@@ -561,6 +565,7 @@ def free_baselines(
     out["length"] = {
         "direction": direction,
         "auc": max(shorter, longer),
+        "within_auc": within_problem_auc(signed, y, gr),
         "bon": float(bon_outcomes(signed, y, gr).mean()),
     }
     free = {"length": signed}
@@ -571,7 +576,8 @@ def free_baselines(
         if torch.isnan(lp).any():
             out["mean_logprob"] = None  # a missing log-prob is no evidence either way
         else:
-            out["mean_logprob"] = {"auc": auc(lp, y), "bon": float(bon_outcomes(lp, y, gr).mean())}
+            out["mean_logprob"] = {"auc": auc(lp, y), "within_auc": within_problem_auc(lp, y, gr),
+                                   "bon": float(bon_outcomes(lp, y, gr).mean())}
             free["mean_logprob"] = lp
     else:
         out["mean_logprob"] = None
@@ -649,10 +655,13 @@ def format_baselines(b: dict) -> str:
 
     lines = [
         f"validation: {_count(b['problems'], 'problem')}, {_count(b['candidates'], 'candidate')}",
-        "".ljust(width) + "AUC".rjust(7) + n.rjust(max(9, len(n) + 2)),
+        "".ljust(width) + "AUC".rjust(7) + "AUC(within)".rjust(13) + n.rjust(max(9, len(n) + 2)),
     ]
     for name, r in rows:
-        lines.append(name.ljust(width) + cell(r.get("auc")).rjust(7) + cell(r.get("bon")).rjust(max(9, len(n) + 2)))
+        lines.append(name.ljust(width) + cell(r.get("auc")).rjust(7) + cell(r.get("within_auc")).rjust(13)
+                     + cell(r.get("bon")).rjust(max(9, len(n) + 2)))
+    lines.append("AUC(within): the AUC among each problem's candidates, averaged over problems with both kinds "
+                 "(what Best-of-N uses; the pooled AUC also credits telling easy problems from hard ones)")
     if not b.get("mean_logprob"):
         lines.append("(no mean log-prob: not known for every validation candidate)")
     lines.append(b["verdict"]["text"])
@@ -763,8 +772,10 @@ def train_head(
     """Train ``head`` in place; on return it holds the weights of the best epoch (epochs count
     from 1) by ``select``: ``"loss"``, the lowest validation loss; ``"pairs"``, the highest
     within-problem AUC on validation (``within_problem_auc``: how well the head ranks the
-    candidates of one problem, which is what Best-of-N uses), ties to the earlier epoch. Early
-    stopping counts epochs without improvement of the same figure.
+    candidates of one problem, which is what Best-of-N uses), ties to the earlier epoch;
+    ``"auto"``, pairs when a validation problem has both a correct and an incorrect candidate,
+    else loss (with a ``LabelShareWarning`` saying so). Early stopping counts epochs without
+    improvement of the same figure; ``result.select`` is the figure used.
 
     ``standardize``: train on states centred and scaled per (state, dimension) over the training
     tokens (``swift_fast.feature_scaling``; one extra pass over the training features), and fold
@@ -800,11 +811,19 @@ def train_head(
     if batch_size < 1 or max_epochs < 1 or patience < 1:
         raise ValueError("batch_size, max_epochs and patience must be >= 1")
     balance = check_label_balance(train, val, loss)
+    kinds: dict[str, set] = {}
+    for e in val:
+        kinds.setdefault(e.problem, set()).add(bool(e.label))
+    pairs_possible = any(len(k) == 2 for k in kinds.values())
+    if select == "auto":
+        select = "pairs" if pairs_possible else "loss"
+        if not pairs_possible:
+            warnings.warn(
+                f"none of the {len(kinds)} validation problems has both a correct and an incorrect candidate, so "
+                "the kept epoch follows the validation loss instead of the within-problem AUC",
+                LabelShareWarning, stacklevel=2)
     if select == "pairs":
-        kinds: dict[str, set] = {}
-        for e in val:
-            kinds.setdefault(e.problem, set()).add(bool(e.label))
-        if not any(len(k) == 2 for k in kinds.values()):
+        if not pairs_possible:
             raise ValueError(
                 f"select='pairs' keeps the epoch with the best within-problem AUC on validation, but none of the "
                 f"{len(kinds)} validation problems has both a correct and an incorrect candidate: select by 'loss' "
@@ -911,4 +930,5 @@ def train_head(
         train_metrics={"loss": best["train_loss"]},
         labels=balance,
         baselines=baselines_of(source, val, best_scores, best_tokens, seed),
+        select=select,
     )

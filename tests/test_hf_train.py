@@ -79,7 +79,6 @@ def test_train_cli_learns_the_label_and_score_cli_applies_the_head(model_dir, mo
         prov["data"]["train_problems"] == 16 and prov["data"]["val_problems"] == 4 and len(prov["data"]["sha256"]) == 64
     )
     assert 1 <= prov["best_epoch"] <= prov["epochs_run"] <= 10
-    best = prov["history"][prov["best_epoch"] - 1]
     # train's default keeps the first epoch with the best within-problem AUC on validation
     assert prov["select"] == "pairs" and prov["standardize"] is True
     aucs = [h["val_within_problem_auc"] for h in prov["history"]]
@@ -92,7 +91,7 @@ def test_train_cli_learns_the_label_and_score_cli_applies_the_head(model_dir, mo
     assert "balanced accuracy" in lines[0] and "precision" in lines[0] and "accuracy" not in lines[0].replace(
         "balanced accuracy", "")
     assert [ln.split()[0] for ln in lines[3:8]] == ["head", "length", "mean", "random", "oracle"]
-    assert lines[8].startswith("the head ")
+    assert lines[8].startswith("AUC(within): ") and lines[9].startswith("the head ")
     summary = json.loads(lines[-1])
     assert summary["baselines"] == prov["baselines"] and summary["val"]["majority_class_share"] >= 0.5
     assert summary["baselines"]["head"]["auc"] == prov["val_metrics"]["auc"]
@@ -344,7 +343,7 @@ def test_train_cli_sets_the_head_beside_length_when_length_is_the_label(model_di
     out = capsys.readouterr().out
     assert rc == 0
     b = json.loads(out.splitlines()[-1])["baselines"]
-    assert b["length"] == {"direction": "shorter", "auc": 1.0, "bon": b["oracle"]["bon"]}
+    assert b["length"] == {"direction": "shorter", "auc": 1.0, "within_auc": 1.0, "bon": b["oracle"]["bon"]}
     table = out.splitlines()[1:9]
     assert any(ln.startswith("length (shorter better)") and ln.split()[3] == "1.000" for ln in table)
     assert "the head does not beat length (shorter better): AUC " in out and " vs 1.000, difference " in out

@@ -307,7 +307,7 @@ def test_length_that_predicts_the_labels_is_a_baseline_the_head_does_not_beat():
     y, length, groups = _length_data()
     head = y.double() + torch.randn(len(y), generator=torch.Generator().manual_seed(1))  # good, not perfect
     b = free_baselines(head, y, groups, length, seed=0)
-    assert b["length"] == {"direction": "shorter", "auc": 1.0, "bon": b["oracle"]["bon"]}
+    assert b["length"] == {"direction": "shorter", "auc": 1.0, "within_auc": 1.0, "bon": b["oracle"]["bon"]}
     assert 0.5 < b["head"]["auc"] < 1.0 and b["mean_logprob"] is None
     v = b["verdict"]
     assert v["against"] == "length" and v["outcome"] == "does not beat" and v["difference"] < 0
@@ -316,7 +316,7 @@ def test_length_that_predicts_the_labels_is_a_baseline_the_head_does_not_beat():
     assert free_baselines(head, y, groups, -length + 100)["length"]["direction"] == "longer"
     table = format_baselines(b)
     lines = table.splitlines()
-    assert lines[1].split() == ["AUC", "BoN@6"] and lines[3].startswith("length (shorter better) ")
+    assert lines[1].split() == ["AUC", "AUC(within)", "BoN@6"] and lines[3].startswith("length (shorter better) ")
     assert lines[3].split()[-2:] == ["1.000", f"{b['oracle']['bon']:.3f}"] and table.endswith(v["text"])
 
     # oracle and random by hand: pass@N and mean correctness per problem
@@ -486,3 +486,20 @@ def test_standardised_features_by_hand_and_the_fold_gives_the_same_scores_on_raw
     want_b = trained.bias.double() - (trained.weight.double() * scale.mean[0] / scale.std[0]).sum(1)
     assert torch.allclose(b.double(), want_b, rtol=1e-6, atol=1e-6)
     assert torch.allclose(w.double(), trained.weight.double() / scale.std[0], rtol=1e-6, atol=0)
+
+
+def test_select_auto_takes_pairs_when_it_can_and_the_loss_with_a_warning_when_it_cannot():
+    src = Source(96, seed=2)
+    train = _examples(src, range(0, 64))
+    val = _examples(src, range(64, 96))
+    res = train_head(SwiftHead(8, [0]), src, train, val, lr=1e-2, max_epochs=2, progress=False, select="auto")
+    assert res.select == "pairs"
+    # every validation problem of one kind only: no within-problem AUC to keep an epoch by
+    one_kind = [Example(key=e.key, problem=f"v{e.key}", label=e.label) for e in val]
+    with pytest.warns(UserWarning, match="none of the 32 validation problems has both"):
+        res = train_head(SwiftHead(8, [0]), src, train, one_kind, lr=1e-2, max_epochs=2, progress=False,
+                         select="auto")
+    assert res.select == "loss"
+    assert res.best_epoch == min(range(1, res.epochs_run + 1), key=lambda e: res.history[e - 1]["val_loss"])
+    with pytest.raises(ValueError, match="none of the 32 validation problems has both.*--select loss"):
+        train_head(SwiftHead(8, [0]), src, train, one_kind, progress=False, select="pairs")

@@ -36,7 +36,8 @@ def add_parser(sub, name, help_):
     p = sub.add_parser(
         name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--model", required=True, help="Hugging Face model name or path")
+    p.add_argument("--model", required=True,
+                   help="Hugging Face model name or path, or a .gguf file (converted once: import-model)")
     p.add_argument("--data", required=True, help="dataset file or name (GSM8K, MATH-500, AQuA or generic JSONL)")
     p.add_argument("--out", required=True, help="rollout JSONL to write (resumed when it exists)")
     add_generation_args(p, n=8)

@@ -29,7 +29,8 @@ def add_parser(sub, name, help_):
     p = sub.add_parser(
         name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--model", required=True, help="Hugging Face model name or path (the model the head was trained on)")
+    p.add_argument("--model", required=True,
+                   help="Hugging Face model name or path, or a .gguf file (the model the head was trained on)")
     p.add_argument("--head", required=True, help="SWIFT head file (.safetensors)")
     p.add_argument("--rollouts", required=True, help="rollout JSONL with prompt_token_ids and candidates' token_ids")
     p.add_argument("--out", required=True, help="output JSONL (appended to and resumed when it exists)")

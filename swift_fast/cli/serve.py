@@ -54,7 +54,7 @@ def add_parser(sub, name, help_):
                         "if start-up fails; one line when the server is ready)")
     p.add_argument("--startup-log", default="swift-fast-serve.log", metavar="FILE",
                    help="where vLLM's start-up output goes without --verbose (default swift-fast-serve.log)")
-    p.add_argument("model", help="Hugging Face model name or path (as for `vllm serve`)")
+    p.add_argument("model", help="Hugging Face model name or path (as for `vllm serve`), or a .gguf file")
     p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="arguments for `vllm serve` (after MODEL)")
     return p
 

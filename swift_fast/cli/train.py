@@ -16,9 +16,10 @@ problem (the candidates of one problem never straddle it), early stopping with p
 the weights of the best epoch -- with two changes measured on a real model (docs/real-model.md):
 the states are standardised per dimension over the training tokens and the scaling folded back
 into the head (--no-standardize: raw states), and the kept epoch is the one with the best
-within-problem AUC on validation, the ranking Best-of-N uses (--select loss: the lowest validation
-loss, the paper's). On SmolLM2-135M-Instruct the two together took held-out BoN@16 from 36.0% to
-42.5% (200 problems x 16).
+within-problem AUC on validation, the ranking Best-of-N uses, when a validation problem has both
+kinds of candidate (--select loss: the lowest validation loss, the paper's). On
+SmolLM2-135M-Instruct the two together took held-out BoN@16 from 36.0% to 42.5% (200 problems
+x 16).
 
 Features are recomputed from the model batch by batch (no hidden states on disk); --cache-dir
 keeps them in a memory-mapped file for later epochs: only the head's selected states of the
@@ -56,7 +57,7 @@ def add_parser(sub, name, help_):
         name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--model", required=True,
-                   help="Hugging Face model name or path (the model that generated the rollouts)")
+                   help="Hugging Face model name or path, or a .gguf file (the model that generated the rollouts)")
     p.add_argument("--rollouts", required=True,
                    help="rollout JSONL: prompt_token_ids, candidates with token_ids and correct")
     p.add_argument("--out", required=True, help="head file to write (.safetensors)")
@@ -81,10 +82,11 @@ def add_parser(sub, name, help_):
                    help="train on states centred and scaled per dimension over the training tokens, folded "
                         "back into an ordinary head at the end (default: on; --no-standardize trains on raw "
                         "states, as the paper does)")
-    p.add_argument("--select", choices=("loss", "pairs"), default="pairs",
-                   help="which epoch is kept and when to stop: pairs (default), the highest within-problem AUC "
-                        "on validation (how well the head ranks the candidates of one problem, which is what "
-                        "Best-of-N uses); loss, the lowest validation loss (the paper's)")
+    p.add_argument("--select", choices=("auto", "pairs", "loss"), default="auto",
+                   help="which epoch is kept and when to stop: pairs, the highest within-problem AUC on "
+                        "validation (how well the head ranks the candidates of one problem, which is what "
+                        "Best-of-N uses); loss, the lowest validation loss (the paper's); auto (default): pairs "
+                        "when a validation problem has both a correct and an incorrect candidate, else loss")
     p.add_argument("--val-fraction", type=float, default=0.2,
                    help="share of problems held out for validation (default 0.2)")
     p.add_argument("--seed", type=int, default=0, help="seed of split, initial weights and batch order (default 0)")

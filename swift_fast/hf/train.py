@@ -221,7 +221,7 @@ class HFFeatureSource:
             self._mean_lp = self.cache.mean_logprob
             self.cache_note += (
                 ", read back from an earlier run" if self.cache.reused
-                else ", written during the first epoch and read back afterwards"
+                else ", written before the first epoch and read back afterwards"
             )
         self.recomputes = self.cache is None
         self.progress_note = self._note() if self.recomputes else self.cache_note
@@ -397,7 +397,7 @@ def train_from_rollouts(
     progress: bool = True,
     model_name: str | None = None,
     on_epoch: Callable | None = None,
-    select: str = "pairs",
+    select: str = "auto",
     standardize: bool = True,
 ) -> tuple[SwiftHead, TrainResult]:
     """Train a SWIFT head for ``model`` on graded rollouts (a rollout file path or ``Problem`` list).
@@ -487,7 +487,7 @@ def train_from_rollouts(
         "batch_size": batch_size,
         "max_epochs": max_epochs,
         "patience": patience,
-        "select": select,
+        "select": result.select,
         "standardize": standardize,
         "seed": seed,
         "epochs_run": result.epochs_run,
