@@ -115,8 +115,11 @@ def test_demo_vllm_backend_runs_every_task(tmp_path):
     for vllm_says in ("INFO", "WARNING", "Triton", "NUMA", "Loading safetensors", "Loading weights",
                       "Processed prompts", "Rendering prompts", "\r"):
         assert vllm_says not in printed, (vllm_says, printed)
-    phases = [line for line in r.stderr.splitlines() if line.startswith("generate, ")]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("generate, ")]
+    # one closing line per phase; running lines (each tenth, each 30 s) say where the phase is
+    phases = [line for line in lines if " candidates in " in line]
     assert len(phases) == 2 * len(A.TASK_DIRS) and all(" 8/8 candidates in " in line for line in phases), r.stderr
+    assert all(" after " in line and "%)" in line for line in lines if line not in phases), r.stderr
     assert "pruning sweep: " in r.stdout and "graded 8 candidates: " in r.stdout
     assert "NUMA" in (out / "vllm.log").read_text()
     summaries = json.loads((out / "summary.json").read_text())
