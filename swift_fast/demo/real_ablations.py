@@ -106,9 +106,10 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
     source.fill(progress=True)
     log(f"features of {len(seqs)} candidates in {time.perf_counter() - t0:.0f} s")
     lp = source.mean_logprobs(list(range(len(seqs)))).tolist()
+    test_by_id = {p.id: p for p in test_p}
     for key, (part, pid, i, _) in enumerate(owner):
         if part == "test":
-            cand = next(p for p in test_p if p.id == pid).candidates[i]
+            cand = test_by_id[pid].candidates[i]
             if cand.get("mean_logprob") is None:
                 cand["mean_logprob"] = lp[key]
 
@@ -126,7 +127,8 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
         s, tokens = score_and_count(head, view, test_ex, batch_size=64)
         by_key = {e.key: float(v) for e, v in zip(test_ex, s)}
         labels = torch.tensor([float(e.label) for e in test_ex])
-        groups = torch.tensor([hash(e.problem) % (1 << 61) for e in test_ex])
+        index = {pid: g for g, pid in enumerate(dict.fromkeys(e.problem for e in test_ex))}
+        groups = torch.tensor([index[e.problem] for e in test_ex])
         resid = length_residual(s, tokens, groups)
         res_key = {e.key: float(v) for e, v in zip(test_ex, resid)}
         for p in test_p:

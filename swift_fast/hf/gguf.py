@@ -235,7 +235,19 @@ def _convert(path: str, out: str, dtype: str) -> dict:
     """Dequantize, save, read back and compare; returns the check's figures."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    # the command prints its own two lines; transformers' per-tensor bars would redraw in place
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return _convert_quietly(path, out, dtype, AutoModelForCausalLM, AutoTokenizer, torch)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _convert_quietly(path, out, dtype, AutoModelForCausalLM, AutoTokenizer, torch) -> dict:
     d, name = os.path.split(os.path.abspath(path))
     tokenizer = AutoTokenizer.from_pretrained(d, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
@@ -244,12 +256,6 @@ def _convert(path: str, out: str, dtype: str) -> dict:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    for attr in ("is_quantized", "quantization_method"):
-        if hasattr(model, attr):
-            try:
-                delattr(model, attr)
-            except AttributeError:
-                pass
     target = getattr(torch, dtype)
     model = model.to(target)
     model.config.dtype = target
