@@ -43,6 +43,21 @@ def cpu_backend(request):
 
 
 @pytest.fixture
+def plugin_caplog(caplog, monkeypatch):
+    """``caplog`` for the plugin's logger: once vLLM has configured a process the plugin's logger
+    stops propagating (``swift_fast.vllm_plugin.logs``), which would keep its records from
+    pytest's handler on the root logger; for the test it propagates, and an engine built inside
+    leaves it as it is."""
+    import logging
+
+    from swift_fast.vllm_plugin import logs
+
+    monkeypatch.setattr(logging.getLogger(logs.LOGGER), "propagate", True)
+    monkeypatch.setattr(logs, "configure", lambda: None)
+    return caplog
+
+
+@pytest.fixture
 def vllm_logs_restored(monkeypatch):
     """A command run in this process quiets vLLM (``swift_fast.engine_logs``: environment, logger
     levels); what it changes is put back after the test."""

@@ -239,7 +239,8 @@ def test_passes_go_first_so_a_backlog_does_not_evict_their_blocks(qwen):
     assert_scores(ref, head, res, prompts)
 
 
-def test_a_candidate_that_fills_max_model_len_has_no_score(qwen, caplog):
+def test_a_candidate_that_fills_max_model_len_has_no_score(qwen, plugin_caplog):
+    caplog = plugin_caplog
     llm, head, ref = qwen
     p = ref.prompt(TEXTS[0])
     room = 96 - len(p)
@@ -290,10 +291,11 @@ def test_pruning_ranks_emitted_scores_at_each_threshold(qwen, signal, max_tokens
     torch.testing.assert_close(got, ref.swift(head, [p] * 4, scored), rtol=RTOL, atol=ATOL)
 
 
-def test_without_prefix_caching_the_pass_recomputes_everything_exactly(models, tmp_path, caplog):
+def test_without_prefix_caching_the_pass_recomputes_everything_exactly(models, tmp_path, plugin_caplog):
     """Prefix caching off: a warning, and passes that recompute whole sequences, exactly; with a
     logit-feature head (``import-head --logits``), whose state of the last token is the pass's
     sampling row's logits."""
+    caplog = plugin_caplog
     from vllm import LLM
 
     path = models["qwen2"]

@@ -272,7 +272,8 @@ def test_the_removed_sar_system_prompt_key_says_what_replaced_it():
         PluginConfig.parse({"head": "h", "max_best_of_n": 0})
 
 
-def test_an_untested_vllm_version_is_named_at_start_up(monkeypatch, caplog):
+def test_an_untested_vllm_version_is_named_at_start_up(monkeypatch, plugin_caplog):
+    caplog = plugin_caplog
     import logging
 
     import vllm
@@ -442,6 +443,14 @@ def test_preemption_and_recomputation_count_no_token_twice(llama):
     res = llm.generate(tokens(prompts), sp(max_tokens=48, ignore_eos=True))
     assert _preemptions(llm) > before, "the 12-block KV cache must have forced preemption"
     assert_scores(ref, head, res, prompts, sar=True)
+
+
+def test_every_sampling_setting_in_one_batch_leaves_the_scores_those_of_the_raw_model(llama):
+    """top-p/k, min-p, penalties, logit bias, bad words, allowed tokens, a seed, a grammar (``sampling_matrix``)."""
+    import sampling_matrix
+
+    llm, head, ref = llama
+    sampling_matrix.check(llm, head, ref, TEXTS[2])
 
 
 def test_stop_strings_score_exactly_the_returned_tokens(llama):
@@ -814,33 +823,37 @@ def _sar_copy_buffer(worker):
 def test_half_precision_sar_matches_vllms_own_logprobs(models, tmp_path):
     """A bf16 engine takes the O(rows) path (row logsumexp before sampling, the sampled logit after;
     no copy buffer). Its SAR equals SAR from vLLM's own log-probs of both contexts, in the same
-    engine: the sampled tokens' log-probs vLLM returns (``logprobs=0``: its log-softmax of the raw
-    logits) and the prompt log-probs of ``q0 + answer``."""
+    engine (in process here; multiprocess on MRv2, ``test_vllm_runner_v2``)."""
+    with env(VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLM_ALLOW_INSECURE_SERIALIZATION=1):
+        check_half_precision_sar(models["llama"], tmp_path)
+
+
+def check_half_precision_sar(path, tmp_path):
+    """The sampled tokens' log-probs vLLM returns (``logprobs=0``: its log-softmax of the raw
+    logits) and the prompt log-probs of ``q0 + answer`` give the SAR the plugin reports."""
     from vllm import LLM, SamplingParams
 
     from swift_fast.sar import sar_from_means
 
-    path = models["llama"]
     head = make_head(path, layers=[1, 2], seed=6)
     hp = str(tmp_path / "h.safetensors")
     head.save(hp)
-    with env(VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLM_ALLOW_INSECURE_SERIALIZATION=1):
-        llm = LLM(model=path, dtype="bfloat16", enforce_eager=True, max_model_len=256,
-                  kv_cache_memory_bytes=1024 * KV_BYTES_PER_TOKEN,
-                  additional_config={"swift_fast": {"head": hp, "sar": True}})
-        try:
-            assert llm.collective_rpc(_sar_copy_buffer) == [True]
-            ref = Ref(path)
-            p, q0 = ref.prompt(TEXTS[1]), [ref.tok.bos_token_id]
-            (res,) = llm.generate(tokens([p]), sp(n=3, max_tokens=10, logprobs=0), use_tqdm=False)
-            unscored = {"swift_fast": {"score": False}}
-            for c in res.outputs:
-                a = list(c.token_ids)
-                lq = [c.logprobs[j][t].logprob for j, t in enumerate(a)]
-                (pr,) = llm.generate(tokens([q0 + a]), SamplingParams(max_tokens=1, prompt_logprobs=0,
-                                                                      extra_args=unscored), use_tqdm=False)
-                l0 = [pr.prompt_logprobs[len(q0) + j][t].logprob for j, t in enumerate(a)]
-                want = float(sar_from_means(torch.tensor(sum(lq) / len(a)), torch.tensor(sum(l0) / len(a))))
-                assert c.sar_context == "default" and c.sar == pytest.approx(want, abs=2e-5)
-        finally:
-            shutdown(llm)
+    llm = LLM(model=path, dtype="bfloat16", enforce_eager=True, max_model_len=256,
+              kv_cache_memory_bytes=1024 * KV_BYTES_PER_TOKEN,
+              additional_config={"swift_fast": {"head": hp, "sar": True}})
+    try:
+        assert llm.collective_rpc(_sar_copy_buffer) == [True]
+        ref = Ref(path)
+        p, q0 = ref.prompt(TEXTS[1]), [ref.tok.bos_token_id]
+        (res,) = llm.generate(tokens([p]), sp(n=3, max_tokens=10, logprobs=0), use_tqdm=False)
+        unscored = {"swift_fast": {"score": False}}
+        for c in res.outputs:
+            a = list(c.token_ids)
+            lq = [c.logprobs[j][t].logprob for j, t in enumerate(a)]
+            (pr,) = llm.generate(tokens([q0 + a]), SamplingParams(max_tokens=1, prompt_logprobs=0,
+                                                                  extra_args=unscored), use_tqdm=False)
+            l0 = [pr.prompt_logprobs[len(q0) + j][t].logprob for j, t in enumerate(a)]
+            want = float(sar_from_means(torch.tensor(sum(lq) / len(a)), torch.tensor(sum(l0) / len(a))))
+            assert c.sar_context == "default" and c.sar == pytest.approx(want, abs=2e-5)
+    finally:
+        shutdown(llm)

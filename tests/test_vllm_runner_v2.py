@@ -137,6 +137,16 @@ def test_a_mixed_batch_stops_every_way_and_scores_only_the_scored(llama):
     assert unscored.sar is None
 
 
+def test_every_sampling_setting_in_one_batch_leaves_the_scores_those_of_the_raw_model(llama):
+    """As on V1 (``sampling_matrix``). vLLM's Triton top-k/top-p and grammar-bitmask kernels cannot
+    run under the interpreter: the harness gives those two their PyTorch equivalents
+    (``mrv2_shim/sitecustomize.py``); every other MRv2 sampling kernel runs interpreted."""
+    import sampling_matrix
+
+    llm, head, ref = llama
+    sampling_matrix.check(llm, head, ref, TEXTS[2])
+
+
 def test_chunked_prefill_prefix_cache_hits_and_preemption_count_each_token_once(llama):
     llm, head, ref = llama
     long = ref.prompt(LONG_TEXT + " Once more.")
@@ -159,6 +169,57 @@ def test_an_abort_while_the_sar_pass_runs_leaves_nothing_behind(llama):
     abort_while_held(llm, ref, head, check_held)
     (w,) = llm.collective_rpc(plugin_state)
     assert w["requests"] == 0 and w["sar_passes"] == 0, "the worker forgot every request it recorded"
+
+
+_IN_PROCESS = """
+import json, sys
+from vllm import LLM, SamplingParams
+from swift_fast.vllm_plugin.diagnostics import plugin_state
+
+model, head, prompt = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+llm = LLM(model=model, dtype="float32", enforce_eager=True, seed=0, max_model_len=256,
+          kv_cache_memory_bytes=1024 * 1024, additional_config={"swift_fast": {"head": head, "sar": True}})
+worker = llm.llm_engine.model_executor.driver_worker.worker
+(res,) = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(n=3, max_tokens=12, top_p=0.9), use_tqdm=False)
+print(json.dumps({
+    "runner": type(worker.model_runner).__module__, "adapter": plugin_state(worker)["runner"],
+    "candidates": [[list(c.token_ids), c.swift_score, c.swift_tokens, c.sar] for c in res.outputs],
+}))
+"""
+
+
+def test_an_in_process_engine_on_mrv2_is_exact(llama, tmp_path):
+    """``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core and its worker run in the caller's
+    process (as the demo builds its engines), on MRv2, with SAR's passes. A process of its own:
+    this one keeps Triton off for the V1 suite."""
+    import subprocess
+    import sys
+
+    from mrv2_shim.mrv2 import environment
+
+    _, head, ref = llama
+    hp = str(tmp_path / "head.safetensors")
+    head.save(hp)
+    p = ref.prompt(TEXTS[1])
+    out = subprocess.run([sys.executable, "-c", _IN_PROCESS, ref.path, hp, json.dumps(p)], capture_output=True,
+                         text=True, timeout=600, env=dict(environment(), VLLM_ENABLE_V1_MULTIPROCESSING="0"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (got["runner"], got["adapter"]) == (V2_RUNNER, "V2Adapter")
+    R = [c[0] for c in got["candidates"]]
+    assert [c[2] for c in got["candidates"]] == [len(r) for r in R]
+    torch.testing.assert_close(torch.tensor([c[1] for c in got["candidates"]]), ref.swift(head, [p] * 3, R),
+                               rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(torch.tensor([c[3] for c in got["candidates"]]), ref.sar([p] * 3, R),
+                               rtol=RTOL, atol=ATOL)
+
+
+def test_half_precision_sar_matches_vllms_own_logprobs_on_mrv2(llama, tmp_path):
+    """The O(rows) SAR path on MRv2, whose sampler copies bf16 logits into float32 before any
+    processing (``sar_worker``): as on V1."""
+    from test_vllm_plugin import check_half_precision_sar
+
+    check_half_precision_sar(llama[2].path, tmp_path)
 
 
 def test_memory_profiling_runs_the_sar_pass_peak_on_mrv2(llama):

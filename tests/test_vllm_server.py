@@ -260,3 +260,55 @@ def test_serve_command_line_merges_the_head_into_additional_config(monkeypatch):
     args = build_parser().parse_args(["serve", "--head", "h.safetensors", "--prune", "keep=2", "M"])
     with pytest.raises(ValueError, match="--prune: keep"):
         vllm_argv(args)
+
+
+def _post(url: str, body: dict, timeout: float = 120) -> tuple[int, str]:
+    import json
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_anthropic_messages_are_served_unscored_and_refuse_the_plugins_fields(server):
+    """``/v1/messages`` runs through the chat wrappers (``OpenAIServingChat``) but answers in
+    Anthropic's format, which has no place for scores: it is served intact, streamed too, and a
+    body asking for the plugin's fields is a 400 in Anthropic's error envelope."""
+    import json
+
+    client, path, *_ = server
+    url = str(client.base_url).rstrip("/") + "/messages"
+    body = {"model": path, "max_tokens": 6, "messages": [{"role": "user", "content": TEXTS[0]}]}
+    code, text = _post(url, body)
+    assert code == 200, text
+    msg = json.loads(text)
+    assert msg["type"] == "message" and msg["content"][0]["type"] == "text" and "swift" not in text
+
+    code, text = _post(url, dict(body, stream=True))
+    assert code == 200, text
+    events = [line[len("event: "):] for line in text.splitlines() if line.startswith("event: ")]
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            json.loads(line[len("data: "):])  # every frame, the rewritten final chunk's included, parses
+
+    code, text = _post(url, dict(body, best_of_n=2))
+    err = json.loads(text)
+    assert code == 400 and err["type"] == "error"
+    assert "/v1/messages does not support best_of_n" in err["error"]["message"]
+
+
+def test_the_plugins_info_lines_are_in_the_server_and_engine_process_logs(server):
+    import re
+
+    *_, log_path = server
+    log = open(log_path).read()
+    assert re.search(r"\(APIServer pid=\d+\) INFO .*swift-fast \S+: head .* V1 model runner; SAR on", log), log[-3000:]
+    assert re.search(r"\(EngineCore[^)]* pid=\d+\) INFO .*swift-fast: Scheduler carries each step's values", log)
+    # the worker: its own process here (vLLM's multiprocess executor), else the engine core's
+    assert re.search(r"\((Worker|EngineCore)[^)]* pid=\d+\) INFO .*swift-fast: V1Adapter on "
+                     r"vllm\.v1\.worker\.cpu_model_runner\.CPUModelRunner, head .*, SAR; "
+                     r"\d+ vLLM symbols of this runner checked", log), log[-3000:]

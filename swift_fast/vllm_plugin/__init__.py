@@ -98,6 +98,9 @@ def register() -> None:
     if _REGISTERED:
         return
     _REGISTERED = True
+    from . import logs
+
+    logs.configure()
     _wrap_engine_args()
     _wrap_engines()
     _wrap_scheduler()
@@ -119,7 +122,7 @@ def prepare_config(vllm_config) -> None:
     cfg = plugin_config(vllm_config)
     if cfg is None:
         return
-    from .surface import check_surface
+    from .surface import check_surface, installed_version, select
 
     check_surface()  # the front end's and the engine core's vLLM symbols, before any process starts
     head = cfg.load_head()
@@ -133,8 +136,20 @@ def prepare_config(vllm_config) -> None:
     section["head"] = cfg.head_path
     section["_head_sha256"] = sha256_of(cfg.head_path)
     vllm_config.additional_config[KEY] = section
-    logger.info("swift-fast: head %s (%s) on %s, vLLM's %s model runner", cfg.head_path, head.extra_repr(),
-                vllm_config.model_config.model, "V2" if vllm_config.use_v2_model_runner else "V1")
+    logger.info("swift-fast %s: head %s (%s) on %s, vLLM %s's %s model runner; SAR %s, pruning %s; "
+                "%d vLLM symbols of the front end and engine core checked", _version(), cfg.head_path,
+                head.extra_repr(), vllm_config.model_config.model, installed_version(),
+                "V2" if vllm_config.use_v2_model_runner else "V1", "on" if cfg.sar else "off",
+                "on by default" if cfg.prune is not None else "per request", len(select()))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("swift-fast")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def warn_costly_last_state(vllm_config, head) -> None:
@@ -226,6 +241,8 @@ def _wrap_scheduler() -> None:
 
             transport.install_on_scheduler(self)
             scheduling.install_on_scheduler(self)
+            logger.info("swift-fast: %s carries each step's values to the front end, the front end's passes "
+                        "first in its waiting queue", type(self).__name__)
 
     __init__._swift_fast = True
     Scheduler.__init__ = __init__

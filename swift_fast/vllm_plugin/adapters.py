@@ -8,12 +8,15 @@ seams, and ``profile_run`` -- the same seam on both runners -- is wrapped here.
 
 from __future__ import annotations
 
+import logging
 import types
 
 from .config import PluginConfig, check_engine, check_same_head
 from .runner import StepScoring
 from .runner_v1 import V1Adapter
 from .runner_v2 import V2Adapter
+
+logger = logging.getLogger("swift_fast.vllm_plugin")
 
 
 def runner_kind(runner) -> str:
@@ -32,8 +35,14 @@ def install_on_runner(runner, cfg: PluginConfig) -> StepScoring:
     head = cfg.load_head()
     check_engine(runner.vllm_config, head)
     core = StepScoring(runner, cfg, head)
-    core.adapter = (V2Adapter if runner_kind(runner) == "v2" else V1Adapter)(runner, core)
+    kind = runner_kind(runner)
+    core.adapter = (V2Adapter if kind == "v2" else V1Adapter)(runner, core)
     _wrap_profile_run(runner, core)
+    from .surface import select
+
+    logger.info("swift-fast: %s on %s.%s, head %s (%s)%s; %d vLLM symbols of this runner checked",
+                type(core.adapter).__name__, type(runner).__module__, type(runner).__name__, cfg.head_path,
+                head.extra_repr(), ", SAR" if core.sar is not None else "", len(select(kind)))
     return core
 
 

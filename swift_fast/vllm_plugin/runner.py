@@ -220,9 +220,9 @@ class StepScoring:
                 if computed[i] + (qsl[i + 1] - qsl[i]) - 1 >= infos[i].prompt_len + self.state_offset]
 
     def _confidence(self, logits: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
-        """DeepConf's token confidence of each row's distribution (the one its token is sampled
-        from): a top-k and a logsumexp over the row, for the requests pruned by that signal or
-        traced."""
+        """DeepConf's token confidence of each row's raw distribution (the logits before the sampler's
+        temperature, penalties, bias and masks, as SAR's log-probs: ``docs/definitions.md``): a
+        top-k and a logsumexp over the row, for the requests pruned by that signal or traced."""
         host = self.conf_rows.host()
         host[: len(rows)] = rows
         idx = self.conf_rows.upload(len(rows))

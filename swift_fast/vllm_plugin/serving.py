@@ -26,9 +26,12 @@ With SAR on, a raw completion prompt may bring its question-removed context in a
 ``"sar_context"`` body field (token ids or text; :mod:`.contexts`), and every choice says which
 context its ``sar`` used (``sar_context``).
 
-``/v1/responses`` and ``/v1/chat/completions/batch`` carry no scores: a request to them that
-asks for ``best_of_n``, ``sar_context`` or ``prune`` is answered 400, naming the endpoint. Beam search
-(``use_beam_search``) runs unscored (:mod:`.frontend`).
+``/v1/responses``, ``/v1/chat/completions/batch`` and Anthropic's ``/v1/messages`` carry no
+scores: a request to them that asks for ``best_of_n``, ``sar_context`` or ``prune`` is answered
+400, naming the endpoint. ``/v1/messages`` (and, where enabled, ``/cohere/v2/chat``) is served
+through ``OpenAIServingChat``, so the chat wrappers run under it, but it rebuilds each reply in
+its own format, which has no place for the scores; its request model drops unknown fields, so
+its refusal reads the raw body. Beam search (``use_beam_search``) runs unscored (:mod:`.frontend`).
 
 The serving classes are patched once per process, when the first engine with a head is built;
 each wrapper checks its own engine, so a server without a head is served unchanged.
@@ -229,19 +232,44 @@ def _with_best_of_n(orig):
     return create
 
 
+#: body fields of the plugin's that only the scored endpoints understand
+_PLUGIN_FIELDS = ("best_of_n", "sar_context", "prune")
+
+
+def _no_scores(endpoint: str, asked: list[str]) -> str:
+    return (f"{endpoint} does not support {', '.join(asked)} (its responses carry no swift-fast scores): "
+            "use /v1/chat/completions or /v1/completions")
+
+
 def _refuse_plugin_fields(orig, endpoint: str):
     """Wrap an endpoint that carries no scores: a request asking for the plugin's fields gets a 400."""
 
     @functools.wraps(orig)
     async def create(self, request, *args, **kwargs):
         extra = getattr(request, "model_extra", None) or {}
-        asked = [k for k in ("best_of_n", "sar_context", "prune") if k in extra]
+        asked = [k for k in _PLUGIN_FIELDS if k in extra]
         if asked and _frontend(self) is not None:
-            return self.create_error_response(
-                f"{endpoint} does not support {', '.join(asked)} (its responses carry no swift-fast scores): "
-                "use /v1/chat/completions or /v1/completions"
-            )
+            return self.create_error_response(_no_scores(endpoint, asked))
         return await orig(self, request, *args, **kwargs)
+
+    return create
+
+
+def _refuse_plugin_fields_in_body(orig, endpoint: str):
+    """As :func:`_refuse_plugin_fields`, for an endpoint whose request model drops unknown fields:
+    the fields are looked for in the raw JSON body (which the server has read and cached)."""
+
+    @functools.wraps(orig)
+    async def create(self, request, raw_request=None, *args, **kwargs):
+        if raw_request is not None and _frontend(self) is not None:
+            try:
+                body = json.loads(await raw_request.body())
+            except Exception:  # a body the route already refused to parse
+                body = None
+            asked = [k for k in _PLUGIN_FIELDS if isinstance(body, dict) and k in body]
+            if asked:
+                return self.create_error_response(_no_scores(endpoint, asked))
+        return await orig(self, request, raw_request, *args, **kwargs)
 
     return create
 
@@ -380,5 +408,10 @@ def install_serving() -> None:
     )
     OpenAIServingResponses.create_responses = _refuse_plugin_fields(
         OpenAIServingResponses.create_responses, "/v1/responses"
+    )
+    from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
+
+    AnthropicServingMessages.create_messages = _refuse_plugin_fields_in_body(
+        AnthropicServingMessages.create_messages, "/v1/messages"
     )
     _INSTALLED = True

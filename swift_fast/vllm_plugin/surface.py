@@ -375,6 +375,12 @@ SURFACE: tuple[Symbol, ...] = (
            ("OpenAIServingResponses", "class", "import"),
            ("OpenAIServingResponses.create_responses", "method", "wrap", _p("request", pos=1)),
            side="server"),
+    # Anthropic's Messages API is served through OpenAIServingChat (so through the chat wrappers),
+    # and its request model drops unknown body fields: the refusal reads the raw body
+    *_rows("vllm.entrypoints.anthropic.serving",
+           ("AnthropicServingMessages", "class", "import"),
+           ("AnthropicServingMessages.create_messages", "method", "wrap", _p("request", "raw_request", pos=1)),
+           side="server"),
     *_rows(
         "vllm.entrypoints.openai.completion.protocol",
         ("CompletionRequest.n", "field", "set"),
