@@ -41,6 +41,14 @@ tokens, 120 s per request, one round. With the embedded demo model on a 2-core C
     python bench/bench_serve_load.py --requests 200 --concurrency 16 --json load.json
     python bench/bench_serve_load.py --url http://127.0.0.1:8000 --model M   # a running server
 
+Faults (each its own run): ``--prune`` makes every request with several candidates ask
+``"prune": true`` (pruned choices carry a partial score and no ``sar``); ``--pause-at S`` pauses
+the engine S seconds into each round (``POST /pause?mode=wait``, as an RL weight sync does; the
+started server gets ``VLLM_SERVER_DEV_MODE=1``), resumes it ``--pause-for`` seconds later, and
+the run must still pass every check above; ``--kill-engine-at S`` kills the engine core S
+seconds into the round (SIGKILL): every request must then end, with an answer, an error or a
+closed connection, before its timeout (no request hangs), and nothing is settled afterwards.
+
 Exit status 1 when a request errs, a choice is unscored, a malformed request is not answered
 4xx, or the server still holds requests afterwards.
 """
@@ -50,6 +58,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import random
@@ -57,6 +66,7 @@ import re
 import statistics
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 
@@ -95,6 +105,10 @@ class LoadConfig:
     # reusing a connection the server is closing gets a reset that is no fault of the server's
     keepalive_expiry: float = 2.0
     seed: int = 0
+    prune: bool = False  # "prune": true on every request with several candidates (n > 1, best_of_n)
+    pause_at: float | None = None  # seconds into each round: POST /pause?mode=wait, then /resume
+    pause_for: float = 3.0  # seconds between the pause returning and the resume
+    kill_engine_at: float | None = None  # seconds into the round: the engine core is killed (SIGKILL)
 
 
 @dataclass
@@ -136,6 +150,8 @@ def _valid(i: int, kind: str, rng: random.Random, model: str, prompts: dict, cfg
         if n > 1:
             body["n"] = n
         spec.choices = n * n_prompts
+    if cfg.prune and (spec.bon or body.get("n", 1) > 1):
+        body["prune"] = True
     if kind.endswith("_stream"):
         spec.stream = body["stream"] = True
     return spec
@@ -222,7 +238,7 @@ class _Latencies:
 
 def check_choices(spec: Spec, choices: list[dict]) -> tuple[list[str], int]:
     """Problems with an answer's choices (final chunks for streams); the count of null ``sar``."""
-    problems, sar_null = [], 0
+    problems, sar_null, pruned = [], 0, 0
     if len(choices) != spec.choices:
         problems.append(f"{len(choices)} choices, expected {spec.choices}")
     for c in choices:
@@ -230,6 +246,8 @@ def check_choices(spec: Spec, choices: list[dict]) -> tuple[list[str], int]:
             problems.append(f"choice {c.get('index')}: swift_score is {c.get('swift_score')!r}")
         if "sar" not in c:
             problems.append(f"choice {c.get('index')}: no sar key")
+        elif c.get("finish_reason") == "pruned":  # a pruned candidate gets no SAR pass
+            pruned += 1
         elif c["sar"] is None:
             sar_null += 1
         if spec.bon:
@@ -239,7 +257,7 @@ def check_choices(spec: Spec, choices: list[dict]) -> tuple[list[str], int]:
                 problems.append(f"choice {c.get('index')}: best_of_n {info!r}")
             elif scores[info["index"]] != c.get("swift_score"):
                 problems.append(f"choice {c.get('index')}: swift_score is not the chosen candidate's")
-    return problems, sar_null
+    return problems, sar_null, pruned
 
 
 class _ClientClosed(Exception):
@@ -280,7 +298,7 @@ async def _exchange(client: httpx.AsyncClient, spec: Spec, rec: dict, rng: rando
             rec["error"] = r.text[:300]
             return
         data = r.json()
-        rec["problems"], rec["sar_null"] = check_choices(spec, data.get("choices") or [])
+        rec["problems"], rec["sar_null"], rec["pruned"] = check_choices(spec, data.get("choices") or [])
         return
     async with client.stream("POST", spec.path, **kw) as r:
         rec["status"] = r.status_code
@@ -325,7 +343,7 @@ async def _exchange(client: httpx.AsyncClient, spec: Spec, rec: dict, rng: rando
                 tokens[c.get("index")] += len(c.get("token_ids") or [])
                 if c.get("finish_reason") is not None:
                     finals[c.get("index")] = c
-        problems, rec["sar_null"] = check_choices(spec, list(finals.values()))
+        problems, rec["sar_null"], rec["pruned"] = check_choices(spec, list(finals.values()))
         if not done:
             problems.append("stream ended without [DONE]")
         rec["problems"] = problems
@@ -500,6 +518,7 @@ async def settle(server: Server, cfg: LoadConfig, prompts: dict) -> dict:
     """Send one probe (which refreshes the engine's gauges), then poll them until they read zero."""
     probe = _valid(-2, "chat", random.Random(0), server.model, prompts, cfg)
     probe.body.pop("n", None)
+    probe.body.pop("prune", None)  # "prune" needs several candidates
     probe.choices = 1
     rec = (await run_load(server.url, [probe], LoadConfig(concurrency=1, request_timeout=cfg.request_timeout)))[0][0]
     t0 = time.perf_counter()
@@ -543,6 +562,7 @@ def summarize(records: list[dict], wall: float) -> dict:
         "malformed_cases": {c: collections.Counter(r.get("status") for r in bad if r["case"] == c)
                             for c in sorted({r["case"] for r in bad})},
         "sar_null": sum(r.get("sar_null", 0) for r in valid),
+        "pruned_choices": sum(r.get("pruned", 0) for r in valid),
         "errors": len(errors),
         "error_examples": [{k: r.get(k) for k in ("i", "kind", "case", "cancel", "outcome", "status", "error",
                                                    "problems", "sent_after_s", "latency", "new_connection")}
@@ -555,6 +575,51 @@ def _q(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _post_json(url: str, timeout: float) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return -1, repr(e)
+
+
+async def _pause_and_resume(base_url: str, cfg: LoadConfig, out: dict) -> None:
+    """A wait-mode pause in the middle of the load (what an RL weight sync does), then a resume.
+    The server needs ``VLLM_SERVER_DEV_MODE=1`` for these routes."""
+    await asyncio.sleep(cfg.pause_at)
+    t0 = time.perf_counter()
+    out["pause"] = await asyncio.to_thread(_post_json, f"{base_url}/pause?mode=wait&clear_cache=false",
+                                           cfg.request_timeout)
+    out["paused_after_s"] = round(time.perf_counter() - t0, 2)
+    await asyncio.sleep(cfg.pause_for)
+    out["resume"] = await asyncio.to_thread(_post_json, f"{base_url}/resume", cfg.request_timeout)
+
+
+async def _kill_engine(pid: int, cfg: LoadConfig, out: dict) -> None:
+    import signal
+
+    await asyncio.sleep(cfg.kill_engine_at)
+    cores = [p["pid"] for p in process_memory(pid) if p["role"] == "engine_core"]
+    for core in cores:
+        os.kill(core, signal.SIGKILL)
+    out["killed"] = cores
+
+
+async def _with_fault(load, fault) -> tuple:
+    task = asyncio.create_task(fault) if fault is not None else None
+    try:
+        return await load
+    finally:
+        if task is not None:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def bench(server: Server, cfg: LoadConfig, log=print) -> dict:
@@ -583,12 +648,27 @@ async def bench(server: Server, cfg: LoadConfig, log=print) -> dict:
     for k in range(cfg.rounds):
         specs = plan(server.model, prompts, LoadConfig(**{**asdict(cfg), "seed": cfg.seed + 1000 * k}))
         log(f"load round {k + 1}/{cfg.rounds}: {len(specs)} requests, {cfg.concurrency} concurrent")
-        recs, w = await run_load(server.url, specs, cfg, lat, on_tick=sample if server.pid else None)
+        fault: dict = {}
+        if cfg.kill_engine_at is not None:
+            recs, w = await _with_fault(run_load(server.url, specs, cfg, lat), _kill_engine(server.pid, cfg, fault))
+            outcomes = collections.Counter(r["outcome"] for r in recs)
+            log(f"  engine core {fault.get('killed')} killed at {cfg.kill_engine_at} s: {dict(outcomes)}")
+            result = summarize(recs, w)
+            result.update(config=asdict(cfg), url=server.url, model=server.model, fault=fault, records=recs)
+            # every request must end (an answer, an error, a closed connection) before its timeout
+            result["passed"] = bool(fault.get("killed")) and outcomes["timeout"] == 0 and outcomes["ok"] < len(recs)
+            return result
+        pausing = _pause_and_resume(server.url, cfg, fault) if cfg.pause_at is not None else None
+        recs, w = await _with_fault(run_load(server.url, specs, cfg, lat, on_tick=sample if server.pid else None),
+                                    pausing)
+        if pausing is not None:
+            log(f"  paused at {cfg.pause_at} s: {fault.get('pause')} after {fault.get('paused_after_s')} s, "
+                f"resumed: {fault.get('resume')}")
         after_load = held(server.url)
         h = await settle(server, cfg, prompts)
         after = process_memory(server.pid)
         errors = sum(r["outcome"] not in ("ok", "cancelled", "rejected_4xx") for r in recs)
-        rounds.append({"wall_s": w, "requests_per_s": len(recs) / w, "errors": errors, "held": h,
+        rounds.append({"wall_s": w, "requests_per_s": len(recs) / w, "errors": errors, "held": h, "fault": fault,
                        "total_rss_bytes": sum(p["rss_bytes"] for p in after), "memory": after})
         log(f"  {len(recs) / w:.1f} requests/s, {errors} errors, "
             f"total RSS {sum(p['rss_bytes'] for p in after) / 2**20:.0f} MiB")
@@ -610,7 +690,10 @@ async def bench(server: Server, cfg: LoadConfig, log=print) -> dict:
 def passed(result: dict) -> bool:
     h = result["held"]
     rounds_idle = all(r["held"]["probe"] == "ok" and _idle(r["held"]) for r in result.get("rounds", []))
-    return result["errors"] == 0 and result["sar_null"] == 0 and h["probe"] == "ok" and _idle(h) and rounds_idle
+    paused = all(r["fault"].get("pause", (200,))[0] == 200 and r["fault"].get("resume", (200,))[0] == 200
+                 for r in result.get("rounds", []))
+    return (paused and result["errors"] == 0 and result["sar_null"] == 0 and h["probe"] == "ok" and _idle(h)
+            and rounds_idle)
 
 
 def _mib(b) -> str:
@@ -640,7 +723,7 @@ def format_report(r: dict) -> str:
               + (f" (at_sar answers that came first: median {_s(_q(r['at_sar_answered_after_s'], 0.5))} s after the"
                  " last-but-one token)" if r["at_sar_answered_after_s"] else ""),
               "malformed: " + ", ".join(f"{k} {dict(v)}" for k, v in r["malformed_cases"].items()),
-              f"choices with a null sar: {r['sar_null']}"]
+              f"choices with a null sar: {r['sar_null']}, pruned choices: {r['pruned_choices']}"]
     mem = r["memory"]
     if mem["before"]:
         rounds = r.get("rounds") or [{"memory": mem["after"]}]
@@ -693,16 +776,29 @@ def main(argv=None) -> int:
     ap.add_argument("--model", help="with --url: the served model name")
     ap.add_argument("--pid", type=int, help="with --url: the server's process id, for its memory")
     ap.add_argument("--compile", action="store_true", help="start the server with torch.compile (default: eager)")
+    ap.add_argument("--prune", action="store_true",
+                    help='every request with several candidates (n > 1, best_of_n) asks "prune": true (the '
+                         "engine's default policy); a pruned choice carries its partial score and no sar")
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="extra `vllm serve` argument for the started server (repeatable), e.g. "
                          "--server-arg=--enable-log-requests")
+    ap.add_argument("--pause-at", type=float, default=None, metavar="S",
+                    help="S seconds into each round, pause the engine (POST /pause?mode=wait, as an RL weight sync "
+                         "does), wait --pause-for seconds, resume; the started server gets VLLM_SERVER_DEV_MODE=1")
+    ap.add_argument("--pause-for", type=float, default=d.pause_for, help="seconds paused (default %(default)s)")
+    ap.add_argument("--kill-engine-at", type=float, default=None, metavar="S",
+                    help="S seconds into the round, kill the engine core (SIGKILL): every request must still end, "
+                         "with an answer or an error, before its timeout (one round; nothing is settled after)")
     ap.add_argument("--log", default=None, help="server log file (default: a temporary file)")
     ap.add_argument("--json", help="write the full result here")
     args = ap.parse_args(argv)
     cfg = LoadConfig(requests=args.requests, concurrency=args.concurrency, cancel_fraction=args.cancel_fraction,
                      malformed=args.malformed, max_tokens=args.max_tokens, rounds=args.rounds,
                      request_timeout=args.timeout,
-                     keepalive_expiry=args.keepalive_expiry, seed=args.seed)
+                     keepalive_expiry=args.keepalive_expiry, seed=args.seed, prune=args.prune,
+                     pause_at=args.pause_at, pause_for=args.pause_for, kill_engine_at=args.kill_engine_at)
+    if args.pause_at is not None:
+        os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # vLLM serves /pause and /resume only then
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -723,7 +819,14 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=str)
-    print(format_report(result))
+    if "fault" in result:  # the engine was killed: what each request got, nothing settled after
+        o = result["outcomes"]
+        print(f"engine core {result['fault'].get('killed')} killed {args.kill_engine_at} s into the load; "
+              f"{result['sent']} requests in {result['wall_s']:.1f} s: "
+              + ", ".join(f"{k} {v}" for k, v in o.items() if v)
+              + f"  ->  {'PASS' if result['passed'] else 'FAIL'} (every request ended before its timeout)")
+    else:
+        print(format_report(result))
     return 0 if result["passed"] else 1
 
 

@@ -1,5 +1,6 @@
 """Candidates that finish while ``AsyncLLM.pause_generation(mode="wait")`` drains the engine (an RL
-weight update, say): their SAR passes must still deliver their values, once, after the resume.
+weight update, say): their SAR passes must still deliver their values, once, after the resume, and
+say when they ran under another weight version than the generation (``swift_weight_versions``).
 
 vLLM 0.32 (what runs here) queues a request added during the pause and runs it at resume. vLLM
 0.33's engine core refuses it instead (``EngineCore._reject_add_while_paused``): it answers with an
@@ -101,6 +102,8 @@ def test_sar_passes_refused_or_queued_during_a_wait_pause_deliver_their_values(m
             # vLLM 0.32: the pass waits in the engine's queue and runs at resume
             task = await generate_across_a_pause(eng, "queued")
             assert fe.pass_of and not fe.passes_refused
+            # a weight update while paused (the label alone: the weights stay, so SAR stays checkable)
+            await eng.update_weight_version("v2")
             await eng.resume_generation()
             results.append(await asyncio.wait_for(task, 60))
 
@@ -129,6 +132,9 @@ def test_sar_passes_refused_or_queued_during_a_wait_pause_deliver_their_values(m
         return results
 
     results = asyncio.run(asyncio.wait_for(run(), 300))
+    # the first candidate was generated before the update and its pass ran after it; the second
+    # was generated, and its pass ran, after it
+    assert [r.outputs[0].swift_weight_versions for r in results] == [["default", "v2"], ["v2"]]
     R = [list(r.outputs[0].token_ids) for r in results]
     assert [len(r) for r in R] == [32, 32]
     sar = torch.tensor([r.outputs[0].sar for r in results], dtype=torch.float32)

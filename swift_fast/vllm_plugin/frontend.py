@@ -51,6 +51,19 @@ elsewhere (another API server), on a timer that backs off from 0.5 s to 8 s, ref
 until then. Each pass thus delivers its value exactly once, whenever the engine takes it. What
 a pause implies either way: a pass that runs after a weight update computes its half of SAR (or
 the last state) with the new weights.
+
+Weight versions. vLLM labels each engine step's outputs with the weight version current when
+they were built (``EngineCoreOutputs.weight_version``: ``"default"`` until a trainer sets one
+through ``finish_weight_update``/``update_weight_version``; it changes only while generation is
+paused), and hands it to ``OutputProcessor.process_outputs``. Each candidate records the labels
+of the steps that brought it values -- its generated tokens and each of its passes -- in the
+order first seen: ``CompletionOutput.swift_weight_versions``. One label: every value of the
+candidate was computed with the same weights. Two or more: its values straddle a weight update
+(a pass that ran after it, or a generation kept across it), and its ``sar`` mixes two models'
+log-probs (``docs/rl.md`` says how an RL loop treats that). None: vLLM reported no label.
+NOTE: the label is the one current when the step's output was built, and a label set without
+a pause (``update_weight_version`` alone) is trusted as given; a last-state pass reads KV
+blocks cached before an update when the pause kept the cache (``clear_cache=False``).
 """
 
 from __future__ import annotations
@@ -86,7 +99,7 @@ class Accumulator:
 
     __slots__ = ("scored", "sar_wanted", "last_wanted", "frontend", "context", "wsum", "gsum", "n", "sampled", "lp",
                  "lpn", "sar", "held", "pending", "released", "last_done", "last_missing", "request", "group",
-                 "index", "at", "conf", "pruned", "trace")
+                 "index", "at", "conf", "pruned", "trace", "versions")
 
     def __init__(self, scored: bool, sar_wanted: bool, frontend: "FrontEnd", context: dict | None = None,
                  last_wanted: bool = False):
@@ -113,6 +126,11 @@ class Accumulator:
         self.conf = None  # confidence.RunningConfidence when pruned by confidence
         self.pruned = False
         self.trace: tuple[list, list, list, list] | None = None  # per-token values, when the request asked
+        self.versions: list[str] = []  # weight versions of the steps that brought values, first seen first
+
+    def note_version(self, version) -> None:
+        if version is not None and version not in self.versions:
+            self.versions.append(version)
 
     def add(self, v: Values) -> None:
         """The values of one generation step: one sampled token's log-prob and confidence, and the
@@ -170,6 +188,7 @@ class Accumulator:
         out.swift_score = self.score(num_tokens, partial)
         out.swift_tokens = self.n if self.scored else 0
         out.swift_pruned = self.pruned
+        out.swift_weight_versions = list(self.versions) or None
         if self.trace is not None and final:  # on the final output only
             out.swift_trace = {"gate_reward": list(self.trace[0]), "gate": list(self.trace[1]),
                                "confidence": list(self.trace[2])}
@@ -257,7 +276,8 @@ class FrontEnd:
                 Pruner.join(acc, rs, parent, index, request.sampling_params)
 
         def process_outputs(self_, engine_core_outputs, *args, **kwargs):
-            keep = fe._pre(engine_core_outputs)
+            # vLLM passes the step's weight version by keyword (0.32, 0.33)
+            keep = fe._pre(engine_core_outputs, kwargs.get("weight_version"))
             result = orig_process(keep, *args, **kwargs)
             fe._release(result.request_outputs)
             if fe._touched:
@@ -312,7 +332,8 @@ class FrontEnd:
         engine.resume_generation = resume_generation
 
     # -- per step ----------------------------------------------------------------------------
-    def _pre(self, engine_core_outputs):
+    def _pre(self, engine_core_outputs, weight_version=None):
+        """``weight_version``: vLLM's label of the weights this step's outputs were computed with."""
         if self.parked:
             self._submit_parked()
         keep = []
@@ -323,7 +344,7 @@ class FrontEnd:
             entry = self.passes.get(rid)
             if entry is not None:
                 if eco.finished:
-                    self._pass_done(rid, *entry, v, eco)
+                    self._pass_done(rid, *entry, v, eco, weight_version)
                 continue
             rs = states.get(rid)
             if rs is not None:
@@ -335,6 +356,7 @@ class FrontEnd:
                         if not acc.sampled and self._engines is not None:
                             self._note_engine(rid, acc)
                         acc.add(v)
+                        acc.note_version(weight_version)
                         if acc.group is not None:
                             self._touched.add(acc.group)
             keep.append(eco)
@@ -566,12 +588,14 @@ class FrontEnd:
         if released and self.is_async:
             self._release([])
 
-    def _pass_done(self, pass_id: str, rs, kind: str, v: Values | None, eco) -> None:
+    def _pass_done(self, pass_id: str, rs, kind: str, v: Values | None, eco, weight_version=None) -> None:
         if _refused_while_paused(eco):
             self._park(pass_id, rs, kind)
             return
         self._forget_pass(pass_id)
         acc = rs._swift_fast
+        if v is not None:
+            acc.note_version(weight_version)
         if kind == "last":
             self.last_state_passes += 1
             stats = getattr(eco, "prefill_stats", None)
@@ -712,4 +736,5 @@ def _patch_beam_search() -> None:
     BeamSearchOnlineMixin.beam_search = beam_search_online
 
 
-_FIELDS = ("swift_score", "swift_tokens", "swift_pruned", "swift_trace", "sar", "sar_context")
+_FIELDS = ("swift_score", "swift_tokens", "swift_pruned", "swift_trace", "sar", "sar_context",
+           "swift_weight_versions")

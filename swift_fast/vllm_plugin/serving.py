@@ -54,7 +54,8 @@ def _frontend(serving) -> Any:
 def choice_fields(output, sar: bool) -> dict:
     """The fields a response choice gets from a ``CompletionOutput``."""
     d = {"swift_score": _num(getattr(output, "swift_score", None)), "swift_tokens": getattr(output, "swift_tokens", 0),
-         "swift_pruned": bool(getattr(output, "swift_pruned", False))}
+         "swift_pruned": bool(getattr(output, "swift_pruned", False)),
+         "swift_weight_versions": getattr(output, "swift_weight_versions", None)}
     if sar:
         d["sar"] = _num(getattr(output, "sar", None))
         d["sar_context"] = getattr(output, "sar_context", None)
