@@ -56,7 +56,10 @@ Data path (vLLM 0.32-0.33, whichever model runner vLLM selects)
    their KV blocks (before the next step in-process; a step or two later from a separate
    engine-core process).
 7. Server (:mod:`.serving`): OpenAI completion and chat responses carry each choice's scores;
-   ``"best_of_n": N`` returns the best of N candidates (never a pruned one while another exists).
+   ``"best_of_n": N`` returns the best of N candidates (never a pruned one while another exists);
+   the endpoints without scores (``/v1/responses``, the chat batch, Anthropic's ``/v1/messages``)
+   refuse the plugin's fields.
+8. Logs (:mod:`.logs`): the plugin's lines go through vLLM's handler in every process.
 
 Per-request results therefore need no side channel, RPC or shared memory: they travel with the
 tokens, in both engine-core modes, and a token's value reaches the user only if the token does.

@@ -230,7 +230,8 @@ SURFACE: tuple[Symbol, ...] = (
         ("OutputProcessor.add_request", "method", "wrap",
          _p("request", "prompt", "parent_req", "request_index", "queue", pos=5)),
         ("OutputProcessor.process_outputs", "method", "wrap",
-         _p("engine_core_outputs", "engine_core_timestamp", "iteration_stats", pos=3)),
+         # weight_version, by keyword: the label of the weights each step ran with (.frontend)
+         _p("engine_core_outputs", "engine_core_timestamp", "iteration_stats", "weight_version", pos=3)),
         ("OutputProcessor._finish_request", "method", "wrap", _p("req_state", pos=1)),
         ("OutputProcessor.abort_requests", "method", "wrap", _p("request_ids", "internal", pos=2)),
         ("OutputProcessor.get_num_queued_tokens", "method", "wrap"),
