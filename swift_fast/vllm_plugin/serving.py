@@ -237,40 +237,28 @@ def _with_best_of_n(orig):
 _PLUGIN_FIELDS = ("best_of_n", "sar_context", "prune")
 
 
-def _no_scores(endpoint: str, asked: list[str]) -> str:
-    return (f"{endpoint} does not support {', '.join(asked)} (its responses carry no swift-fast scores): "
-            "use /v1/chat/completions or /v1/completions")
-
-
-def _refuse_plugin_fields(orig, endpoint: str):
-    """Wrap an endpoint that carries no scores: a request asking for the plugin's fields gets a 400."""
+def _refuse_plugin_fields(orig, endpoint: str, in_body: bool = False):
+    """Wrap an endpoint that carries no scores: a request asking for the plugin's fields gets a 400.
+    ``in_body``: the endpoint's request model drops unknown fields, so they are looked for in the
+    raw JSON body (which the server has read and cached)."""
 
     @functools.wraps(orig)
     async def create(self, request, *args, **kwargs):
-        extra = getattr(request, "model_extra", None) or {}
-        asked = [k for k in _PLUGIN_FIELDS if k in extra]
-        if asked and _frontend(self) is not None:
-            return self.create_error_response(_no_scores(endpoint, asked))
-        return await orig(self, request, *args, **kwargs)
-
-    return create
-
-
-def _refuse_plugin_fields_in_body(orig, endpoint: str):
-    """As :func:`_refuse_plugin_fields`, for an endpoint whose request model drops unknown fields:
-    the fields are looked for in the raw JSON body (which the server has read and cached)."""
-
-    @functools.wraps(orig)
-    async def create(self, request, raw_request=None, *args, **kwargs):
-        if raw_request is not None and _frontend(self) is not None:
-            try:
-                body = json.loads(await raw_request.body())
-            except Exception:  # a body the route already refused to parse
-                body = None
-            asked = [k for k in _PLUGIN_FIELDS if isinstance(body, dict) and k in body]
+        if _frontend(self) is not None:
+            fields = getattr(request, "model_extra", None) or {}
+            raw_request = args[0] if args else kwargs.get("raw_request")
+            if in_body and raw_request is not None:
+                try:
+                    fields = json.loads(await raw_request.body())
+                except Exception:  # a body the route already refused to parse
+                    fields = {}
+            asked = [k for k in _PLUGIN_FIELDS if isinstance(fields, dict) and k in fields]
             if asked:
-                return self.create_error_response(_no_scores(endpoint, asked))
-        return await orig(self, request, raw_request, *args, **kwargs)
+                return self.create_error_response(
+                    f"{endpoint} does not support {', '.join(asked)} (its responses carry no swift-fast scores): "
+                    "use /v1/chat/completions or /v1/completions"
+                )
+        return await orig(self, request, *args, **kwargs)
 
     return create
 
@@ -412,7 +400,7 @@ def install_serving() -> None:
     )
     from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
 
-    AnthropicServingMessages.create_messages = _refuse_plugin_fields_in_body(
-        AnthropicServingMessages.create_messages, "/v1/messages"
+    AnthropicServingMessages.create_messages = _refuse_plugin_fields(
+        AnthropicServingMessages.create_messages, "/v1/messages", in_body=True
     )
     _INSTALLED = True
