@@ -52,8 +52,14 @@ def _logits(model, ids):
 def test_an_f32_gguf_imports_to_the_very_weights_and_tokenizer_it_was_written_from(tmp_path, hf_dir, cache, capsys):
     path = _gguf(tmp_path, hf_dir, "F32")
     assert main(["import-model", path]) == 0
-    folder = capsys.readouterr().out.strip().splitlines()[-1]
+    printed = capsys.readouterr()
+    folder = printed.out.strip().splitlines()[-1]
     assert os.path.dirname(folder) == str(cache / "models")
+    assert "de-quantizing" not in printed.err  # transformers' plain tqdm bar stays silent
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from tqdm.auto import tqdm
+
+    assert gguf_utils.tqdm is tqdm  # and is given back afterwards
     ref, ref_tok = _load(hf_dir)
     got, got_tok = _load(folder)
     want = ref.state_dict()

@@ -161,6 +161,65 @@ def test_feature_cache_holds_bf16_of_the_selected_states_and_trains_on_them(mode
     assert f.feature == "logits" and f.hidden_size == model.config.vocab_size and f.weight.shape[0] == 1
 
 
+def test_a_shared_prompt_runs_once_and_gives_the_states_of_whole_sequences(model_and_tok, tmp_path):
+    """``prefix``: one prompt's candidates reuse its keys and values; every state equals the one a
+    forward of each whole sequence gives, to float32 rounding, and the training source hands them
+    back in the order asked, prompts mixed."""
+    from swift_fast.hf import extract_features
+    from swift_fast.hf.train import HFFeatureSource
+
+    model, tok = model_and_tok
+    problems = _rollouts(tok, tmp_path / "r.jsonl", problems=3, n=4, seed=5)
+    seqs = [p.prompt_token_ids + c["token_ids"] for p in problems for c in p.candidates]
+    plens = [len(p.prompt_token_ids) for p in problems for c in p.candidates]
+    for alignment in ("predicting", "emitted"):
+        for feature in ("hidden", "logits"):
+            whole = [extract_features(model, [s], [p], alignment=alignment, feature=feature)[0] for s, p in
+                     zip(seqs[:4], plens[:4])]
+            shared, cu = extract_features(model, seqs[:4], plens[:4], alignment=alignment, feature=feature,
+                                          prefix=plens[0] - 1)
+            assert cu.tolist() == [0, *np.cumsum([len(s) - p for s, p in zip(seqs[:4], plens[:4])]).tolist()]
+            for slot, x in enumerate(shared):
+                torch.testing.assert_close(x, torch.cat([w[slot] for w in whole]), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="shared prefix"):
+        extract_features(model, seqs[3:5], plens[3:5], prefix=plens[3] - 1)  # two prompts
+    with pytest.raises(ValueError, match="shortest prompt"):
+        extract_features(model, seqs[:2], plens[:2], prefix=plens[0])  # would swallow the first scored state
+    keys = [9, 0, 5, 1, 10, 4]  # three prompts, interleaved
+    src = HFFeatureSource(model, seqs, plens, [0, 1, 2], "predicting", "hidden")
+    states, cu = src.features(keys)
+    want = [extract_features(model, [seqs[k]], [plens[k]], layers=[0, 1, 2])[0] for k in keys]
+    assert cu.tolist() == [0, *np.cumsum([len(seqs[k]) - plens[k] for k in keys]).tolist()]
+    for slot in range(3):
+        torch.testing.assert_close(states[slot], torch.cat([w[slot] for w in want]), rtol=1e-5, atol=1e-5)
+
+
+def test_padding_runs_are_the_cheapest_cut_of_a_prompts_candidates():
+    import itertools
+    import random
+
+    from swift_fast.hf.train import padding_runs
+
+    rng = random.Random(3)
+    for _ in range(60):
+        n, most, fixed = rng.randint(1, 8), rng.randint(1, 5), rng.choice([0, 3, 50])
+        lengths = sorted(rng.choice([1, 2, 5, 18, 20, 96]) for _ in range(n))
+        runs = padding_runs(lengths, fixed, most)
+        assert [a for a, _ in runs] == [0, *[b for _, b in runs[:-1]]] and runs[-1][1] == n  # a partition, in order
+        assert all(b - a <= most for a, b in runs)
+
+        def cost(rs, lengths=lengths, fixed=fixed):
+            return sum(fixed + (b - a) * lengths[b - 1] for a, b in rs)
+
+        best = None  # every way of cutting, by hand
+        for cuts in itertools.product([0, 1], repeat=n - 1):
+            edges = [0, *[i + 1 for i, c in enumerate(cuts) if c], n]
+            rs = list(zip(edges, edges[1:]))
+            if all(b - a <= most for a, b in rs):
+                best = cost(rs) if best is None else min(best, cost(rs))
+        assert cost(runs) == best
+
+
 def test_mean_logprobs_of_the_feature_forward_match_a_float64_log_softmax(model_and_tok, tmp_path):
     import copy
 

@@ -10,19 +10,22 @@ from swift_fast.demo.real_model import RealRecipe, plan
 
 def test_the_task_lists_every_problem_once_with_its_answer_and_splits_without_overlap():
     rows = arithmetic.problems(seed=0)
-    assert len({r["prompt"] for r in rows}) == len(rows) == sum(
-        (a1 - a0 + 1) * (b1 - b0 + 1) for (a0, a1), (b0, b1), _, _ in arithmetic.OPERATIONS.values())
+    assert len({r["prompt"] for r in rows}) == len({r["id"] for r in rows}) == len(rows) == arithmetic.space_size()
+    assert len(rows) >= RealRecipe().train_problems + RealRecipe().test_problems
+    ops = {"plus": "+", "minus": "-", "times": "*", "divided by": "/"}
     for r in rows:
-        _, _, a, word, b = r["prompt"].replace("?", "").split(" ")
-        op = {"plus": "+", "minus": "-", "times": "*"}[word]
-        assert int(r["answer"]) == eval(f"{int(a)} {op} {int(b)}")  # by hand, from the words
-    train, test = arithmetic.make_splits(400, 200, seed=0)
-    assert len(train) == 400 and len(test) == 200
+        words = r["prompt"].replace("?", "").split(" ")
+        a, b, word = int(words[2]), int(words[-1]), " ".join(words[3:-1])
+        value = eval(f"{a} {ops[word]} {b}")  # by hand, from the words
+        assert value == int(value) >= 1 and int(r["answer"]) == value
+        assert r["id"] == f"{r['operation']}-{a}-{b}"
+    train, test = arithmetic.make_splits(800, 300, seed=0)
+    assert len(train) == 800 and len(test) == 300
     assert not {r["id"] for r in train} & {r["id"] for r in test}
-    assert arithmetic.make_splits(400, 200, seed=0) == (train, test)
-    assert arithmetic.make_splits(400, 200, seed=1)[0] != train
+    assert arithmetic.make_splits(800, 300, seed=0) == (train, test)
+    assert arithmetic.make_splits(800, 300, seed=1)[0] != train
     with pytest.raises(ValueError, match="train \\+ test"):
-        arithmetic.make_splits(600, 100)
+        arithmetic.make_splits(len(rows), 1)
 
 
 def test_every_step_of_the_recipe_is_a_valid_command_line(tmp_path):

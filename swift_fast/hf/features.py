@@ -256,27 +256,50 @@ def forward_scored_rows(
     feature: str,
     consume: Callable[[int, torch.Tensor, slice], None],
     pad_id: int = 0,
-    on_final: Callable[[torch.Tensor], None] | None = None,
+    on_final: Callable[[torch.Tensor, int], None] | None = None,
+    prefix: int = 0,
 ) -> torch.Tensor:
     """One forward of the decoder stack over ``sequences`` (right-padded); for every selected
     state, ``consume(slot, rows, chunk)`` receives its scored rows ``[n, d]`` (model dtype; logits
     for the logit feature) chunk by chunk, where ``chunk`` locates them in the packed order.
-    ``on_final(h)``, when given, receives the final norm's output ``[B, T, d]`` of the same forward
-    (``T`` the longest sequence), for what else wants the last states (log-probs, say).
+    ``on_final(h, offset)``, when given, receives the final norm's output ``[B, T, d]`` of the same
+    forward, whose column t is position ``offset + t`` (``T`` the longest sequence less
+    ``offset``), for what else wants the last states (log-probs, say).
+
+    ``prefix``: the first ``prefix`` tokens, the same in every sequence (the candidates of one
+    prompt), run once and their keys and values repeated for each row, so the batch runs only
+    what follows them (``offset = prefix``). They must end before the first scored state and the
+    first predicted token: ``prefix < min(prompt_lengths)``. The states equal the full forward's
+    up to the rounding of a different matmul shape.
 
     Returns ``cu_seqlens`` of the packed scored rows. No logits are computed beyond the scored
     rows of a logit-feature head, and no state outlives its layer.
     """
     device = parts.device
+    cache = None
+    if prefix:
+        head = sequences[0][:prefix]
+        if not 0 < prefix < min(prompt_lengths) or any(s[:prefix] != head for s in sequences):
+            raise ValueError(
+                f"a shared prefix of {prefix} tokens must be the same in every sequence and end before the "
+                f"shortest prompt ({min(prompt_lengths)} tokens)"
+            )
+        with torch.no_grad():
+            cache = parts.base(input_ids=torch.tensor([head], device=device), use_cache=True).past_key_values
+        cache.batch_repeat_interleave(len(sequences))
+        sequences = [s[prefix:] for s in sequences]
+        prompt_lengths = [p - prefix for p in prompt_lengths]
     ids, mask = pad_right(sequences, pad_id, device)
     rows, cu = scored_rows([len(s) for s in sequences], prompt_lengths, ids.shape[1], alignment, device)
     n = rows.numel()
+    if prefix:
+        mask = torch.cat([torch.ones((len(sequences), prefix), dtype=mask.dtype, device=device), mask], 1)
 
     rows_on = {rows.device: rows}  # a model split over devices: the row index on each layer's device
 
     def on_state(slot: int, h: torch.Tensor) -> None:
         if slot == len(indices):
-            on_final(h)
+            on_final(h, prefix)
             return
         if n == 0:
             return
@@ -293,7 +316,10 @@ def forward_scored_rows(
 
     hooked = list(indices) + ([parts.num_layers] if on_final is not None else [])
     with torch.no_grad(), state_hooks(parts, hooked, on_state):
-        parts.base(input_ids=ids, attention_mask=mask, use_cache=False)
+        if cache is None:
+            parts.base(input_ids=ids, attention_mask=mask, use_cache=False)
+        else:
+            parts.base(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
     return cu
 
 
@@ -305,7 +331,8 @@ def extract_features(
     alignment: str = "predicting",
     feature: str = "hidden",
     dtype: torch.dtype | None = None,
-    on_final: Callable[[torch.Tensor], None] | None = None,
+    on_final: Callable[[torch.Tensor, int], None] | None = None,
+    prefix: int = 0,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The states a head would read, for one batch, packed over scored tokens.
 
@@ -313,7 +340,7 @@ def extract_features(
         sequences: ``B`` token-id lists (prompt + response).
         prompt_lengths: where each response starts.
         layers: hidden-state indices (or ``"all"``, ``"lastN"``, ``"0,3"``); ignored for logits.
-        on_final: see ``forward_scored_rows``.
+        on_final, prefix: see ``forward_scored_rows``.
     Returns:
         ``(states, cu_seqlens)``: ``k`` tensors ``[N, d]`` (the model's dtype unless ``dtype`` is
         given; ``[N, V]`` for logits) in the order of ``layers``, and int64 ``[B+1]``.
@@ -337,7 +364,8 @@ def extract_features(
         out[slot][ch] = x
 
     cu = forward_scored_rows(
-        parts, seqs, plens, alignment, indices, feature, consume, pad_id_of(parts.model), on_final=on_final
+        parts, seqs, plens, alignment, indices, feature, consume, pad_id_of(parts.model), on_final=on_final,
+        prefix=prefix,
     )
     if n == 0:
         width = parts.vocab_size if feature == "logits" else parts.hidden_size

@@ -33,6 +33,7 @@ Design notes:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -240,9 +241,20 @@ def _convert(path: str, out: str, dtype: str) -> dict:
     # the command prints its own two lines; transformers' per-tensor bars would redraw in place
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    # NOTE: the dequantizing loop's bar is plain tqdm, not behind transformers' logging switch
+    # (a log file would capture each redraw): its module's tqdm is silenced while converting
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - a transformers without GGUF support fails below anyway
+        gguf_utils = None
+    plain = getattr(gguf_utils, "tqdm", None)
+    if plain is not None:
+        gguf_utils.tqdm = functools.partial(plain, disable=True)
     try:
         return _convert_quietly(path, out, dtype, AutoModelForCausalLM, AutoTokenizer, torch)
     finally:
+        if plain is not None:
+            gguf_utils.tqdm = plain
         if bars:
             hf_logging.enable_progress_bar()
 

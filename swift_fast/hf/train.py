@@ -4,8 +4,9 @@ The states a head reads are recomputed from the model for each training batch (o
 the decoder stack over the batch's sequences, keeping only the selected states of the scored
 tokens for the duration of the step): nothing is written to disk unless a cache is asked for.
 ``cache_dir`` keeps those states in a memory-mapped file so later epochs read instead of
-recompute (filled before the first epoch in batches of similar length, which pad about half as
-many tokens as batches in training order): only the head's selected states of the response
+recompute (filled before the first epoch one prompt at a time: its candidates' forward runs the
+shared prompt once, ``extract_features(prefix=...)``, cut by length into runs that pad least,
+``padding_runs``): only the head's selected states of the response
 tokens, hidden states in bfloat16 (logits in float32), ``tokens x layers x d x 2`` bytes, said
 before the cache is written. Every epoch, the first included, reads the cached values, so a
 cached run trains on the features rounded once to bfloat16 (``cache_dtype``). Without a cache
@@ -180,6 +181,26 @@ class FeatureCache:
         return [x[:, i] for i in range(self.k)], cu
 
 
+def padding_runs(lengths: Sequence[int], fixed: int, most: int) -> list[tuple[int, int]]:
+    """Cut ``lengths`` (ascending) into runs ``[a, b)`` of at most ``most`` that minimise the
+    tokens a right-padded forward of each run computes: ``(b - a) * lengths[b - 1]`` plus
+    ``fixed`` per run (its shared prefix, run once). One long answer then pads only the run it
+    ends, not all its prompt's candidates. Exact, by dynamic programming over the cut points."""
+    n = len(lengths)
+    best = [0] + [None] * n  # best[b]: least cost of lengths[:b]
+    cut = [0] * (n + 1)
+    for b in range(1, n + 1):
+        for a in range(max(0, b - most), b):
+            c = best[a] + fixed + (b - a) * lengths[b - 1]
+            if best[b] is None or c < best[b]:
+                best[b], cut[b] = c, a
+    runs, b = [], n
+    while b > 0:
+        runs.append((cut[b], b))
+        b = cut[b]
+    return runs[::-1]
+
+
 class HFFeatureSource:
     """``FeatureSource`` over token-id sequences: the head's states, recomputed by the model, and
     the model's mean log-prob of each response (``mean_logprobs``), taken from the same forward.
@@ -239,12 +260,40 @@ class HFFeatureSource:
             )
         return text
 
+    def _prompt_key(self, k: int) -> tuple:
+        return tuple(self.sequences[k][: self.prompt_lengths[k]])
+
     def _compute(self, keys: Sequence[int]):
+        """States of ``keys`` (packed in their order) and their mean log-probs. The candidates of
+        one prompt run as one forward whose prompt runs once (``extract_features(prefix=...)``):
+        a prompt is often longer than its short answers, so this runs far fewer tokens than a
+        forward of every whole sequence."""
+        groups: dict[tuple, list[int]] = {}
+        for j, k in enumerate(keys):
+            groups.setdefault(self._prompt_key(k), []).append(j)
+        parts = [self._compute_group([keys[j] for j in g]) for g in groups.values()]
+        if len(parts) == 1:
+            return parts[0]
+        # back to the order of ``keys``: row ranges of each key in the groups' packed order
+        spans: list[torch.Tensor] = [None] * len(keys)  # type: ignore[list-item]
+        base = 0
+        for (_, cu), g in zip(parts, groups.values()):
+            for i, j in enumerate(g):
+                spans[j] = torch.arange(base + int(cu[i]), base + int(cu[i + 1]))
+            base += int(cu[-1])
+        index = torch.cat(spans).to(parts[0][0][0].device) if spans else torch.zeros(0, dtype=torch.long)
+        counts = torch.tensor([len(x) for x in spans], dtype=torch.long)
+        cu = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+        states = [torch.cat([p[0][slot] for p in parts]).index_select(0, index) for slot in range(len(parts[0][0]))]
+        return states, cu
+
+    def _compute_group(self, keys: Sequence[int]):
         want = [
             j for j, k in enumerate(keys)
             if np.isnan(self._mean_lp[k]) and (self.logprob_keys is None or k in self.logprob_keys)
         ]
         on_final = self._logprob_hook(keys, want) if want else None
+        plen = self.prompt_lengths[keys[0]]
         out = extract_features(
             self.model,
             [self.sequences[k] for k in keys],
@@ -254,6 +303,7 @@ class HFFeatureSource:
             feature=self.feature,
             dtype=torch.float32 if self.feature == "logits" else None,
             on_final=on_final,
+            prefix=plen - 1 if len(keys) > 1 and plen > 1 else 0,
         )
         return out
 
@@ -265,10 +315,11 @@ class HFFeatureSource:
         plens = [self.prompt_lengths[keys[j]] for j in want]
         ok = [p >= 1 and len(s) > p for s, p in zip(seqs, plens)]
 
-        def on_final(h: torch.Tensor) -> None:
+        def on_final(h: torch.Tensor, offset: int) -> None:
             # log P(r_j | prefix) comes from the logits at the position before r_j: the 'predicting' rows
-            lengths = [len(s) if good else 1 for s, good in zip(seqs, ok)]
-            starts = [p if good else 1 for p, good in zip(plens, ok)]
+            # (column t of h is position offset + t; the shared prefix ends before any of them)
+            lengths = [len(s) - offset if good else 1 for s, good in zip(seqs, ok)]
+            starts = [p - offset if good else 1 for p, good in zip(plens, ok)]
             width = h.shape[1]
             rows = []
             for row, j in enumerate(want):
@@ -297,15 +348,21 @@ class HFFeatureSource:
             return 0
         from ..progress import phase
 
-        todo = sorted(self.cache.missing(range(len(self.sequences))), key=lambda k: len(self.sequences[k]))
+        todo = self.cache.missing(range(len(self.sequences)))
         if not todo:
             return 0
+        # one prompt's candidates together (their prompt runs once), shortest first within it
+        groups: dict[tuple, list[int]] = {}
+        for k in sorted(todo, key=lambda k: len(self.sequences[k])):
+            groups.setdefault(self._prompt_key(k), []).append(k)
         bar = phase("features", total=len(todo), unit="candidate", enabled=progress)
-        for a in range(0, len(todo), batch_size):
-            keys = todo[a : a + batch_size]
-            states, cu = self._compute(keys)
-            self.cache.write(keys, states, cu)
-            bar.update(len(keys))
+        for group in groups.values():
+            lengths = [len(self.sequences[k]) - self.prompt_lengths[k] + 1 for k in group]
+            for a, b in padding_runs(lengths, self.prompt_lengths[group[0]] - 1, batch_size):
+                keys = group[a:b]
+                states, cu = self._compute(keys)
+                self.cache.write(keys, states, cu)
+                bar.update(len(keys))
         bar.close()
         return len(todo)
 
