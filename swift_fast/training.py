@@ -304,6 +304,9 @@ class TrainResult:
     baselines: dict = field(default_factory=dict)
     #: what picked the kept epoch ("loss" or "pairs"; ``select="auto"`` resolved)
     select: str = "loss"
+    #: the probe's fit (``swift_fast.probe.train_probe``): strengths, the chosen one, refit; empty
+    #: for the epoch loop
+    fit: dict = field(default_factory=dict)
 
 
 # -- label balance ---------------------------------------------------------------------------

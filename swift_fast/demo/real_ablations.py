@@ -5,21 +5,27 @@ run), each set beside every trivial selector on those candidates.
 Every variant reads its states from one feature cache of all hidden states (predicting
 alignment, bfloat16, response tokens only) of training and held-out candidates alike, computed
 once (``HFFeatureSource``); a variant picks its layers from it (``_LayerView``). The held-out
-candidates never reach training or early stopping: the validation split is carved out of the
-training problems as ``train`` does (20% of problems, seeded).
+candidates never reach training, the choice of the probe's strength or early stopping.
+
+Each fit is what ``swift-fast train`` does on a rollout file holding the problems it is given:
+their 80/20 split by problem (the same seeded split, in the same order of problems as the
+file), the validation problems deciding the epoch loop's stopping point or measuring the probe
+before it is refitted on all of them. The learning curve repeats one variant (by default the
+first, train's default) on the first N problems of a seeded shuffle of the training problems, so
+each point is the head a user gets from rollouts of N problems.
 
 Reported per variant: Best-of-N at k = N on the held-out problems, SWIFT minus the best trivial
 selector with a paired bootstrap interval, the weighted vote, the within-problem AUC (the mean
 over problems with both kinds of candidate of the AUC of the score among that problem's
 candidates: what Best-of-N rewards, blind to how hard a problem is), and the same for the score
-with length regressed out within problems (``length_residual``). A learning curve repeats the
-shipped setting on growing subsets of the training problems.
+with length regressed out within problems (``length_residual``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Sequence
 
@@ -62,7 +68,7 @@ def length_residual(scores: torch.Tensor, lengths: torch.Tensor, groups: torch.T
     return s - beta * n
 
 
-def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Sequence[int] = (40, 80, 160),
+def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Sequence[int] = (100, 200, 400),
                   seed: int = 0, model: str | None = None, test_rollouts: str | None = None,
                   curve_variant: str | None = None, log=print) -> dict:
     """Train each variant (``{name: train keyword changes}``; default ``default_variants()``) and
@@ -76,13 +82,15 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
     from transformers import AutoModelForCausalLM
 
     from ..head import SwiftHead
+    from ..hf.loading import transformers_bars
     from ..hf.train import HFFeatureSource
     from ..training import Example, score_and_count, split_by_problem, train_head
 
     if model is None:
         with open(os.path.join(out, "times.json")) as f:
             model = json.load(f)["model"]
-    model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    with transformers_bars(sys.stderr.isatty()):
+        model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     train_p = read_rollouts(os.path.join(out, "train_rollouts.jsonl"))
     test_p = read_rollouts(test_rollouts or os.path.join(out, "test_bon.jsonl"))
     seqs, plens, owner = [], [], []
@@ -113,13 +121,12 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
             if cand.get("mean_logprob") is None:
                 cand["mean_logprob"] = lp[key]
 
-    train_ids = sorted({o[1] for o in owner if o[0] == "train"})
+    train_ids = list(dict.fromkeys(o[1] for o in owner if o[0] == "train"))  # the file's order, as train reads it
     examples_by_problem: dict[str, list[Example]] = {}
     test_ex = []
     for key, (part, pid, _, y) in enumerate(owner):
         e = Example(key=key, problem=pid, label=y)
         (examples_by_problem.setdefault(pid, []) if part == "train" else test_ex).append(e)
-    tr_ids, va_ids = split_by_problem(train_ids, 0.2, seed)
     test_index = {(o[1], o[2]): k for k, o in enumerate(owner) if o[0] == "test"}
 
     def evaluate(head, name) -> dict:
@@ -149,45 +156,54 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
             "within_problem_auc_length_residual": within_problem_auc(resid, labels, groups),
         }
 
-    def fit(name, problems_ids, **change):
-        h = {"layers": "all", "loss": "bce", "lr": 1e-4, "weight_decay": 1e-5, "gate": True, "select": "auto",
-             "standardize": True}  # train's defaults
+    def fit(name, problem_ids, **change):
+        h = {"solver": "probe", "layers": "all"}  # train's default for bce
+        if change.get("solver", "adamw") == "adamw":  # the epoch loop, with train's defaults for it
+            h = {"solver": "adamw", "layers": "all", "loss": "bce", "lr": 1e-4, "weight_decay": 1e-5, "gate": True,
+                 "select": "auto", "standardize": True}
         h.update(change)
         from ..head import resolve_layers
+        from ..probe import train_probe
 
         layers = resolve_layers(h["layers"], num_layers)
-        head = SwiftHead(model.config.hidden_size, layers, gate=h["gate"], alignment="predicting")
+        head = SwiftHead(model.config.hidden_size, layers, gate=h.get("gate", False), alignment="predicting")
         view = _LayerView(source, [everything.index(i) for i in layers])
-        keep = set(tr_ids)
-        tr = [e for pid in problems_ids if pid in keep for e in examples_by_problem[pid]]
+        tr_ids, va_ids = split_by_problem(problem_ids, 0.2, seed)  # as train splits a file of these problems
+        tr = [e for pid in tr_ids for e in examples_by_problem[pid]]
         va = [e for pid in va_ids for e in examples_by_problem[pid]]
         t = time.perf_counter()
-        res = train_head(head, view, tr, va, loss=h["loss"], lr=h["lr"], weight_decay=h["weight_decay"],
-                         seed=seed, progress=False, select=h["select"], standardize=h["standardize"])
-        r = {"setting": h, "train_problems": len({e.problem for e in tr}), "best_epoch": res.best_epoch,
-             "epochs_run": res.epochs_run, "seconds": time.perf_counter() - t, **evaluate(head, name)}
+        if h["solver"] == "probe":
+            # as train does: validation measured, then refitted on training and validation problems
+            res = train_probe(head, view, tr, va, seed=seed, progress=False, refit=h.get("refit", True))
+        else:
+            res = train_head(head, view, tr, va, loss=h["loss"], lr=h["lr"], weight_decay=h["weight_decay"],
+                             seed=seed, progress=False, select=h["select"], standardize=h["standardize"])
+        fitted = set(tr_ids) | (set(va_ids) if res.fit.get("refit") else set())
+        r = {"setting": h, "problems": len(problem_ids), "fitted_on_problems": len(fitted),
+             "best_epoch": res.best_epoch, "epochs_run": res.epochs_run, "fit": res.fit,
+             "seconds": time.perf_counter() - t, **evaluate(head, name)}
         bon = r["bon"]
         log(f"{name:34s} BoN@16 {100 * bon[name]:5.1f}"
             f"  length-residual {100 * bon[name + ' (length regressed out)']:5.1f}"
             f"  vote {100 * bon[name + ' weighted vote']:5.1f}  wAUC {r['within_problem_auc']:.3f}"
             f"  vs best trivial {100 * r['minus_best_trivial']['difference']:+5.1f}"
             f" [{100 * r['minus_best_trivial']['ci95'][0]:+.1f}, {100 * r['minus_best_trivial']['ci95'][1]:+.1f}]"
-            f"  (epoch {res.best_epoch}/{res.epochs_run}, {r['seconds']:.0f} s)")
+            f"  ({_how(res)}, {r['seconds']:.0f} s)")
         return r
 
-    results = {"variants": {}, "curve": {}}
+    results = {"variants": {}, "curve": {}, "held_out_problems": len(test_p), "training_problems": len(train_ids)}
     variants = variants or default_variants()
     for name, change in variants.items():
         results["variants"][name] = fit(name, train_ids, **change)
     curve_variant = curve_variant or next(iter(variants))
-    order = list(tr_ids)
+    order = list(train_ids)
     import random
 
     random.Random(seed).shuffle(order)
     for size in curve:
-        if size < len(tr_ids):
+        if size < len(train_ids):
             results["curve"][size] = fit(f"curve {size}", order[:size], **variants[curve_variant])
-    results["curve"][len(tr_ids)] = results["variants"][curve_variant]
+    results["curve"][len(train_ids)] = results["variants"][curve_variant]
     results["curve_variant"] = curve_variant
     b = next(iter(results["variants"].values()))["bon"]
     results["baselines"] = {r: v for r, v in b.items() if not r.startswith(tuple(results["variants"]))}
@@ -196,22 +212,21 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
     return results
 
 
+def _how(res) -> str:
+    if res.fit:
+        return f"L2 {res.fit['lambda']:g}"
+    return f"epoch {res.best_epoch}/{res.epochs_run}"
+
+
 def default_variants() -> dict:
-    """The variants of docs/real-model.md, as changes to train's defaults (standardised states,
-    the epoch kept by within-problem AUC, BCE, lr 1e-4, weight decay 1e-5, every state, gated)."""
-    raw = {"standardize": False, "select": "loss"}  # the paper's recipe
+    """The variants of docs/real-model.md: train's default (the probe) and changes to it, then the
+    epoch loop (``--solver adamw``) with its defaults (standardised states, the epoch kept by
+    within-problem AUC, BCE, lr 1e-4, weight decay 1e-5, every state, gated) and changes to them."""
     return {
-        "train's defaults": {},
-        "the paper's defaults": raw,
-        "standardised, epoch by loss": {"select": "loss"},
-        "standardised, weight decay 0.1": {"weight_decay": 0.1},
-        "standardised, DPO loss": {"loss": "dpo"},
-        "raw, epoch by within-problem AUC": {"standardize": False},
-        "raw, last 4 states": {**raw, "layers": "last4"},
-        "raw, every 5th state": {**raw, "layers": "0,5,10,15,20,25,30"},
-        "raw, weight decay 0.1": {**raw, "weight_decay": 0.1},
-        "raw, lr 1e-3": {**raw, "lr": 1e-3},
-        "raw, DPO loss": {**raw, "loss": "dpo"},
-        "raw, InfoNCA loss": {**raw, "loss": "infonca"},
-        "raw, no gate": {**raw, "gate": False},
+        "train's default (the probe)": {"solver": "probe"},
+        "probe, not refitted (80% of the problems)": {"solver": "probe", "refit": False},
+        "probe, the last 16 states": {"solver": "probe", "layers": "last16"},
+        "epoch loop (--solver adamw)": {},
+        "epoch loop, no gate": {"gate": False},
+        "the paper's defaults": {"standardize": False, "select": "loss"},
     }

@@ -115,7 +115,7 @@ def plan(out: str, gguf: str, r: RealRecipe, gsm8k: str | None) -> list[tuple[st
         ("collect", ["collect", "--model", gguf, "--data", j("train.jsonl"), "--n", str(r.n), *arith,
                      *_sampling(r), "--out", j("train_rollouts.jsonl")], j("train_rollouts.jsonl")),
         ("train", ["train", "--model", gguf, "--rollouts", j("train_rollouts.jsonl"), "--out", j("head.safetensors"),
-                   "--cache-dir", j("feature_cache"), "--seed", str(r.seed)], j("head.safetensors")),
+                   "--seed", str(r.seed)], j("head.safetensors")),
         ("bon", ["bon", "--model", gguf, "--head", j("head.safetensors"), "--data", j("test.jsonl"), "--n", str(r.n),
                  *arith, *_sampling(r), "--sar", "--prune", "--out", j("test_bon.jsonl")], j("test_bon.summary.json")),
     ]

@@ -80,10 +80,16 @@ def write_report(out: str) -> str:
 
         prov = SwiftHead.load(head).provenance or {}
         d = prov.get("data", {})
+        if prov.get("solver") == "probe":
+            how = (f"the probe (ungated, logistic regression on mean states), L2 strength {prov.get('lambda')} "
+                   f"chosen by {prov.get('folds')}-fold cross-validation of {prov.get('lambdas')}, refitted on "
+                   f"{prov.get('candidates')} candidates")
+        else:
+            how = (f"loss {prov.get('loss')}, best epoch {prov.get('best_epoch')} of {prov.get('epochs_run')}, kept by "
+                   f"{prov.get('select', 'loss')}")
         lines += ["", "## Training", "",
                   f"{d.get('candidates')} candidates of {d.get('problems')} problems, {_pct(d.get('positive_rate'))}% "
-                  f"correct; loss {prov.get('loss')}, best epoch {prov.get('best_epoch')} of "
-                  f"{prov.get('epochs_run')}, kept by {prov.get('select', 'loss')}."]
+                  f"correct; {how}."]
         verdict = (prov.get("baselines") or {}).get("verdict", {}).get("text")
         if verdict:
             lines.append(f"On the validation problems: {verdict}")
@@ -105,7 +111,7 @@ def write_report(out: str) -> str:
             if not v:
                 continue
             b = v["bon"]
-            key = next(r for r in b if r.startswith(name)) if name in b else name
+            key = score_row(v, a["baselines"])
             lines.append(f"| {name} | {_pct(b.get(key))} | {_pct(b.get(key + ' (length regressed out)'))} | "
                          f"{_pct(b.get(key + ' weighted vote'))} | {v['within_problem_auc']:.3f} | "
                          f"{_diff(v['minus_best_trivial'])} |")
@@ -121,6 +127,13 @@ def write_report(out: str) -> str:
     return path
 
 
+def score_row(variant: dict, baselines: dict) -> str:
+    """The row of a variant's ``bon`` that is its own score (a curve point shares its variant's
+    rows, named after the variant): neither a baseline nor one of the score's derived rows."""
+    return next(r for r in variant["bon"]
+                if r not in baselines and not r.endswith((" weighted vote", " (length regressed out)")))
+
+
 def plot_curve(ablations: dict, path: str, title: str = "SWIFT on SmolLM2-135M-Instruct: learning curve") -> str:
     """Held-out BoN@16 of the learning curve's heads against training problems, with the trivial
     selectors and the oracle as horizontal lines and each point's 95% interval of the
@@ -129,8 +142,7 @@ def plot_curve(ablations: dict, path: str, title: str = "SWIFT on SmolLM2-135M-I
 
     curve = {int(k): v for k, v in ablations.get("curve", {}).items() if v}
     xs = sorted(curve)
-    name_of = {k: next(r for r in curve[k]["bon"] if not r.endswith((" weighted vote", " (length regressed out)"))
-                       and r not in ablations["baselines"]) for k in xs}
+    name_of = {k: score_row(curve[k], ablations["baselines"]) for k in xs}
     ys = [100 * curve[k]["bon"][name_of[k]] for k in xs]
     base = ablations["baselines"]
     best = max((r for r in base if r not in ("oracle pass@k", "random")), key=lambda r: base[r])
@@ -149,7 +161,8 @@ def plot_curve(ablations: dict, path: str, title: str = "SWIFT on SmolLM2-135M-I
     ax.set_xlabel("training problems (16 candidates each)")
     ax.set_ylabel("held-out BoN@16 accuracy (%)")
     ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8, frameon=False)
+    held = ablations.get("held_out_problems")
     titles(fig, ax, title, "each head trained with train's defaults on the first N training problems; the same "
-                           "held-out candidates (200 problems x 16) scored by each; lines: selectors that need no "
-                           "training", legend_width=2.0)
+                           f"held-out candidates ({held or 'the'} problems x 16) scored by each; lines: selectors that "
+                           "need no training", legend_width=2.0)
     return save(fig, path)

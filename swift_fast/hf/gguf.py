@@ -236,11 +236,10 @@ def _convert(path: str, out: str, dtype: str) -> dict:
     """Dequantize, save, read back and compare; returns the check's figures."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+
+    from .loading import transformers_bars
 
     # the command prints its own two lines; transformers' per-tensor bars would redraw in place
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
     # NOTE: the dequantizing loop's bar is plain tqdm, not behind transformers' logging switch
     # (a log file would capture each redraw): its module's tqdm is silenced while converting
     try:
@@ -251,12 +250,11 @@ def _convert(path: str, out: str, dtype: str) -> dict:
     if plain is not None:
         gguf_utils.tqdm = functools.partial(plain, disable=True)
     try:
-        return _convert_quietly(path, out, dtype, AutoModelForCausalLM, AutoTokenizer, torch)
+        with transformers_bars(False):
+            return _convert_quietly(path, out, dtype, AutoModelForCausalLM, AutoTokenizer, torch)
     finally:
         if plain is not None:
             gguf_utils.tqdm = plain
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def _convert_quietly(path, out, dtype, AutoModelForCausalLM, AutoTokenizer, torch) -> dict:

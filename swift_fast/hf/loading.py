@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import torch
 
 from .features import SUPPORTED_MODEL_TYPES, UnsupportedModelError
@@ -41,9 +44,25 @@ def check_supported_config(config, name: str) -> None:
         )
 
 
+@contextlib.contextmanager
+def transformers_bars(enabled: bool):
+    """transformers' own progress bars (``Loading weights``...) on or off for the block, as they
+    were afterwards. Off a terminal a bar's redraws land in a log file as a run of carriage
+    returns, so the command line turns them off there."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
 def load_model(name_or_path: str, dtype: str = "auto", device: str = "auto", check: bool = True):
     """``(model, tokenizer)``: the causal LM in eval mode on ``device``; with ``check`` the
-    architecture is checked from the config before any weight is read."""
+    architecture is checked from the config before any weight is read. transformers' loading bar
+    is drawn only on a terminal."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     config = AutoConfig.from_pretrained(name_or_path)
@@ -51,7 +70,8 @@ def load_model(name_or_path: str, dtype: str = "auto", device: str = "auto", che
         check_supported_config(config, name_or_path)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, config, dev)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dt)
+    with transformers_bars(sys.stderr.isatty()):
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dt)
     model.to(dev).eval()
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     return model, tokenizer

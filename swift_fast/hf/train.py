@@ -340,6 +340,18 @@ class HFFeatureSource:
 
         return on_final
 
+    def runs(self, keys: Sequence[int], batch_size: int = 32) -> list[list[int]]:
+        """``keys`` in the batches that compute them fastest: one prompt's candidates together (the
+        prompt runs once), shortest first, cut by ``padding_runs``. Every key once."""
+        groups: dict[tuple, list[int]] = {}
+        for k in sorted(keys, key=lambda k: len(self.sequences[k])):
+            groups.setdefault(self._prompt_key(k), []).append(k)
+        out = []
+        for group in groups.values():
+            lengths = [len(self.sequences[k]) - self.prompt_lengths[k] + 1 for k in group]
+            out += [group[a:b] for a, b in padding_runs(lengths, self.prompt_lengths[group[0]] - 1, batch_size)]
+        return out
+
     def fill(self, batch_size: int = 32, progress: bool = True) -> int:
         """Compute every sequence the cache lacks, in batches of similar length (a batch is padded
         to its longest sequence, so batches in the training's random order pad about twice as
@@ -351,18 +363,11 @@ class HFFeatureSource:
         todo = self.cache.missing(range(len(self.sequences)))
         if not todo:
             return 0
-        # one prompt's candidates together (their prompt runs once), shortest first within it
-        groups: dict[tuple, list[int]] = {}
-        for k in sorted(todo, key=lambda k: len(self.sequences[k])):
-            groups.setdefault(self._prompt_key(k), []).append(k)
         bar = phase("features", total=len(todo), unit="candidate", enabled=progress)
-        for group in groups.values():
-            lengths = [len(self.sequences[k]) - self.prompt_lengths[k] + 1 for k in group]
-            for a, b in padding_runs(lengths, self.prompt_lengths[group[0]] - 1, batch_size):
-                keys = group[a:b]
-                states, cu = self._compute(keys)
-                self.cache.write(keys, states, cu)
-                bar.update(len(keys))
+        for keys in self.runs(todo, batch_size):
+            states, cu = self._compute(keys)
+            self.cache.write(keys, states, cu)
+            bar.update(len(keys))
         bar.close()
         return len(todo)
 
@@ -434,12 +439,16 @@ def check_rollouts(rollouts, loss: str = "bce", val_fraction: float = 0.2, seed:
     return check_label_balance(sp.train, sp.val, loss)
 
 
+#: how ``train_from_rollouts`` fits a head
+SOLVERS = ("adamw", "probe")
+
+
 def train_from_rollouts(
     model: nn.Module,
     rollouts,
     layers: str | Sequence[int] = "all",
     feature: str = "hidden",
-    gate: bool = True,
+    gate: bool | None = None,
     alignment: str = "predicting",
     loss: str = "bce",
     lr: float = 1e-4,
@@ -456,8 +465,17 @@ def train_from_rollouts(
     on_epoch: Callable | None = None,
     select: str = "auto",
     standardize: bool = True,
+    solver: str = "adamw",
+    lambdas: Sequence[float] | None = None,
+    folds: int | None = None,
 ) -> tuple[SwiftHead, TrainResult]:
     """Train a SWIFT head for ``model`` on graded rollouts (a rollout file path or ``Problem`` list).
+
+    ``solver``: ``"adamw"``, the paper's epoch loop (``swift_fast.training.train_head``: every
+    loss, gated or not); ``"probe"``, the ungated head fitted as a logistic regression on mean
+    states (``swift_fast.probe``: BCE only, strength from ``lambdas`` by ``folds``-fold
+    cross-validation over the training problems, then refitted on training and validation
+    candidates). ``gate``: None takes the solver's (gated for adamw, ungated for the probe).
 
     Candidates with an empty response carry no scored token and are left out (counted in the
     head's provenance as ``skipped_empty``). Returns ``(head, result)``; the head is bound to
@@ -472,6 +490,16 @@ def train_from_rollouts(
     """
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; expected one of {', '.join(LOSSES)}")
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}")
+    if solver == "probe":
+        if loss != "bce":
+            raise ValueError(f"the probe fits binary cross-entropy only: train with the {loss} loss by the epoch "
+                             "loop (solver='adamw', --solver adamw)")
+        if gate:
+            raise ValueError("the probe fits an ungated head: a gated head is trained by the epoch loop "
+                             "(solver='adamw', --solver adamw)")
+    gate = (solver == "adamw") if gate is None else gate
     parts = decoder_parts(model)
     sp = _split(rollouts, val_fraction, seed)
     seqs, keep, pid, train_ids, val_ids = sp.seqs, sp.keep, sp.pid, sp.train_ids, sp.val_ids
@@ -501,9 +529,24 @@ def train_from_rollouts(
         model, seqs.sequences, seqs.prompt_lengths, head.layers, alignment, feature, cache_dir, spec,
         logprob_keys=[e.key for e in sp.val],
     )
+    if solver == "probe":
+        from ..probe import DEFAULT_FOLDS, DEFAULT_LAMBDAS, train_probe
+
+        # one pass over the features: a cache is filled only when asked for, in the same pass
+        result = train_probe(head, source, sp.train, sp.val, lams=tuple(lambdas or DEFAULT_LAMBDAS),
+                             folds=folds or DEFAULT_FOLDS, seed=seed, progress=progress)
+    else:
+        result = _epochs(head, source, sp, loss, lr, weight_decay, batch_size, max_epochs, patience, seed, alpha,
+                         progress, on_epoch, select, standardize)
+    return head, _provenance(head, result, seqs, keep, pid, train_ids, val_ids, data_path, val_fraction, seed,
+                             loss, alpha, lr, weight_decay, batch_size, max_epochs, patience, standardize, skipped)
+
+
+def _epochs(head, source, sp, loss, lr, weight_decay, batch_size, max_epochs, patience, seed, alpha, progress,
+            on_epoch, select, standardize) -> TrainResult:
     # a cache is filled in batches of similar length before the first epoch, not in its random order
     source.fill(progress=progress)
-    result = train_head(
+    return train_head(
         head,
         source,
         sp.train,
@@ -521,9 +564,28 @@ def train_from_rollouts(
         select=select,
         standardize=standardize,
     )
+
+
+def _provenance(head, result, seqs, keep, pid, train_ids, val_ids, data_path, val_fraction, seed, loss, alpha, lr,
+                weight_decay, batch_size, max_epochs, patience, standardize, skipped) -> TrainResult:
     labels = [bool(seqs.labels[i]) for i in keep]
     from .. import __version__
 
+    if result.fit:
+        how = {"solver": "probe", **result.fit, "standardize": True}
+    else:
+        how = {
+            "solver": "adamw",
+            "optimizer": {"name": "AdamW", "lr": lr, "weight_decay": weight_decay},
+            "batch_size": batch_size,
+            "max_epochs": max_epochs,
+            "patience": patience,
+            "select": result.select,
+            "standardize": standardize,
+            "epochs_run": result.epochs_run,
+            "best_epoch": result.best_epoch,
+            "stopped_early": result.stopped_early,
+        }
     head.provenance = finite_or_none({
         "swift_fast": __version__,
         "data": {
@@ -540,21 +602,13 @@ def train_from_rollouts(
         },
         "loss": loss,
         **({"alpha": alpha} if loss in GROUP_LOSSES else {}),
-        "optimizer": {"name": "AdamW", "lr": lr, "weight_decay": weight_decay},
-        "batch_size": batch_size,
-        "max_epochs": max_epochs,
-        "patience": patience,
-        "select": result.select,
-        "standardize": standardize,
+        **how,
         "seed": seed,
-        "epochs_run": result.epochs_run,
-        "best_epoch": result.best_epoch,
-        "stopped_early": result.stopped_early,
         "val_metrics": result.val_metrics,
         "baselines": result.baselines,
         "history": result.history,
     })
-    return head, result
+    return result
 
 
 def finite_or_none(x):
