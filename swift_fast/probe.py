@@ -135,11 +135,31 @@ def _folds(problems: Sequence[str], folds: int, seed: int) -> list[list[int]]:
     return [[j for j, p in enumerate(problems) if fold_of[p] == f] for f in range(folds)]
 
 
+def check_probe_split(balance: dict, folds: int) -> str | None:
+    """Refuse a training split (``check_label_balance``'s counts) that the strength's
+    cross-validation cannot fold, before any state is computed. Returns a sentence when no
+    training problem has both a correct and an incorrect candidate (the strength then follows
+    the out-of-fold loss: ``choose_lambda``), else None."""
+    if folds < 2:
+        raise ValueError(f"folds must be at least 2, got {folds}")
+    problems = int(balance["train"]["problems"])
+    if problems < folds:
+        fix = f"--folds {problems} (folds= in Python)" if problems >= 2 else "rollouts of more problems"
+        raise ValueError(f"the probe chooses its L2 strength by {folds}-fold cross-validation over the training "
+                         f"problems, but the training split has {problems}: use {fix}")
+    if not balance["train"].get("problems_with_both"):
+        return (f"none of the {problems} training problems has both a correct and an incorrect candidate, so the "
+                "probe's strength follows the out-of-fold loss instead of the within-problem AUC")
+    return None
+
+
 def choose_lambda(z: torch.Tensor, y: torch.Tensor, problems: Sequence[str], lams: Sequence[float] = DEFAULT_LAMBDAS,
                   folds: int = DEFAULT_FOLDS, seed: int = 0, bar=None) -> tuple[float, list[dict]]:
     """The L2 strength whose out-of-fold scores have the best within-problem AUC (ties to the
-    stronger), and one record per strength. ``z`` standardised ``[N, F]``; folds by problem.
-    Standardisation is over all of ``z`` (labels play no part in it)."""
+    stronger), and one record per strength (``cv_within_problem_auc``, ``cv_loss``: the mean
+    BCE of the out-of-fold scores, ``selected_by``). Where no problem has both kinds of
+    candidate the AUC is undefined and the lowest out-of-fold loss decides. ``z`` standardised
+    ``[N, F]``; folds by problem. Standardisation is over all of ``z`` (labels play no part)."""
     lams = sorted(lams, reverse=True)
     if folds < 2:
         raise ValueError(f"folds must be >= 2, got {folds}")
@@ -159,14 +179,16 @@ def choose_lambda(z: torch.Tensor, y: torch.Tensor, problems: Sequence[str], lam
             if bar is not None:
                 bar.update(1)
     labels, groups = y.float(), _group_ids(problems)
-    records = []
-    for i, lam in enumerate(lams):
-        records.append({"lambda": lam, "cv_within_problem_auc": within_problem_auc(oof[i], labels, groups)})
-    figures = [r["cv_within_problem_auc"] for r in records]
-    if all(math.isnan(v) for v in figures):
-        raise ValueError("no training problem has both a correct and an incorrect candidate: the probe's strength "
-                         "cannot be chosen; use more candidates per problem or --solver adamw")
-    best = max(range(len(lams)), key=lambda i: (-math.inf if math.isnan(figures[i]) else figures[i], -i))
+    records = [{"lambda": lam, "cv_within_problem_auc": within_problem_auc(oof[i], labels, groups),
+                "cv_loss": float(F.binary_cross_entropy_with_logits(oof[i], labels))} for i, lam in enumerate(lams)]
+    by_pairs = not all(math.isnan(r["cv_within_problem_auc"]) for r in records)
+    if by_pairs:
+        best = max(range(len(lams)), key=lambda i: (-math.inf if math.isnan(records[i]["cv_within_problem_auc"])
+                                                   else records[i]["cv_within_problem_auc"], -i))
+    else:
+        best = min(range(len(lams)), key=lambda i: (records[i]["cv_loss"], i))
+    for r in records:
+        r["selected_by"] = "within_problem_auc" if by_pairs else "loss"
     return lams[best], records
 
 
@@ -214,9 +236,9 @@ def train_probe(head: SwiftHead, source, train: list, val: list, lams: Sequence[
     if not val:
         raise ValueError("no validation examples: the probe's figures are measured on a validation set")
     balance = check_label_balance(train, val, "bce")
-    little = label_share_warning(whole_balance(balance))
-    if little:
-        warnings.warn(little, LabelShareWarning, stacklevel=2)
+    for note in (check_probe_split(balance, folds), label_share_warning(whole_balance(balance))):
+        if note:
+            warnings.warn(note, LabelShareWarning, stacklevel=2)
     examples = list(train) + list(val)
     if progress:
         from tqdm.auto import tqdm

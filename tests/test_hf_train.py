@@ -558,3 +558,30 @@ def test_the_real_model_ablation_harness_fits_as_train_does_and_its_report_reads
     rows = [line for line in text.splitlines() if line.startswith("| curve ") or line.startswith("| probe")]
     assert len(rows) == 4 and not any("n/a" in line for line in rows)
     assert plot_curve(res, str(tmp_path / "curve.png")).endswith("curve.png")
+
+
+def test_the_probe_picks_its_strength_by_the_loss_when_no_problem_has_both_kinds(model_dir, model_and_tok, tmp_path,
+                                                                                  capsys):
+    """One candidate per problem (``collect --n 1``): the within-problem AUC is undefined, so the
+    strength follows the out-of-fold loss, said before the model loads; too few training problems
+    for the folds are refused there too."""
+    from swift_fast.probe import DEFAULT_LAMBDAS
+
+    _, tok = model_and_tok
+    data = tmp_path / "rollouts.jsonl"
+    problems = _rollouts(tok, data, problems=60, n=1, seed=6)
+    assert {len(p.candidates) for p in problems} == {1}
+    out = tmp_path / "h.safetensors"
+    rc = main(["train", "--model", model_dir, "--rollouts", str(data), "--out", str(out), "--layers", "0,2",
+               "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert err.count("follows the out-of-fold loss") == 1  # said once, by the command line's early checks
+    prov = SwiftHead.load(out).provenance
+    hist = prov["history"]
+    assert {r["selected_by"] for r in hist} == {"loss"} and len(hist) == len(DEFAULT_LAMBDAS)
+    assert prov["lambda"] == min(hist, key=lambda r: (r["cv_loss"], -r["lambda"]))["lambda"]
+    _rollouts(tok, data, problems=5, n=16, seed=5)  # 4 training problems after the 80/20 split
+    assert main(["train", "--model", model_dir, "--rollouts", str(data), "--out", str(out) + ".2", "--folds", "5"]) == 2
+    assert "5-fold cross-validation over the training problems, but the training split has 4: use --folds 4" \
+        in capsys.readouterr().err
