@@ -33,8 +33,9 @@ counts (``label_share_warning``).
 
 After training, ``free_baselines`` sets the head beside what needs no training, on the same
 validation candidates: the response length (in the direction the validation data favours) and
-the model's mean log-prob of the response, with a paired bootstrap over problems of the AUC
-difference between the head and the better of the two.
+the model's mean log-prob of the response, with a paired bootstrap over problems of the
+within-problem AUC difference between the head and the better of the two (the AUC among one
+problem's candidates, what Best-of-N uses; the pooled AUC is reported beside it).
 """
 
 from __future__ import annotations
@@ -244,24 +245,6 @@ def selection_metrics(scores: torch.Tensor, labels: torch.Tensor, groups: torch.
         "problems": len(bon),
         "candidates": int(len(s)),
     }
-
-
-def weighted_auc(scores: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """AUC with candidate ``i`` counted ``weights[r, i]`` times, for each row ``r`` of ``weights``
-    ``[R, N]`` (a bootstrap resample of problems gives each candidate its problem's count); float64
-    ``[R]``, NaN where a row weighs no positive or no negative. Ties count one half, as in ``auc``."""
-    s = torch.as_tensor(scores, dtype=torch.float64).flatten()
-    y = torch.as_tensor(labels).bool().flatten()
-    w = torch.as_tensor(weights, dtype=torch.float64).reshape(-1, len(s))
-    _, level = torch.unique(s, sorted=True, return_inverse=True)  # tie group, in ascending score order
-    n_levels = int(level.max()) + 1 if len(s) else 0
-    neg = w * (~y)
-    pos = w * y
-    neg_at = torch.zeros(w.shape[0], n_levels, dtype=torch.float64).index_add_(1, level, neg)
-    below = neg_at.cumsum(1) - neg_at
-    wins = (pos * (below[:, level] + 0.5 * neg_at[:, level])).sum(1)
-    den = pos.sum(1) * neg.sum(1)
-    return torch.where(den > 0, wins / den.clamp(min=1e-300), torch.full_like(den, float("nan")))
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -493,29 +476,34 @@ def label_share_warning(b: dict) -> str | None:
 FEW_PROBLEMS = 10
 
 
-def _paired_auc_difference(
+def _paired_within_auc_difference(
     a: torch.Tensor, b: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, reps: int, seed: int, level: float
 ) -> tuple[float, float]:
-    """Percentile interval of ``auc(a) - auc(b)`` over ``reps`` resamples of the problems (with
-    replacement; both AUCs from the same resample)."""
-    _, problem = torch.unique(torch.as_tensor(groups), sorted=True, return_inverse=True)
-    n_problems = int(problem.max()) + 1
+    """Percentile interval of ``within_problem_auc(a) - within_problem_auc(b)`` over ``reps``
+    resamples of the problems (with replacement; a problem drawn twice counts twice, a problem
+    without both kinds of candidate counts for nothing, as in ``within_problem_auc``)."""
+    a = torch.as_tensor(a).detach().double()
+    b = torch.as_tensor(b).detach().double()
+    y = torch.as_tensor(labels).bool()
+    ids = _group_ids(groups)
+    d = torch.tensor([auc(a[i], y[i]) - auc(b[i], y[i]) for i in ids], dtype=torch.float64)
+    both = ~torch.isnan(d)
+    if not both.any():
+        return float("nan"), float("nan")
     g = torch.Generator().manual_seed(seed)
     diffs = []
-    for start in range(0, reps, 256):  # bounds the [reps, candidates] weights in memory
+    for start in range(0, reps, 256):  # bounds the [reps, problems] counts in memory
         m = min(256, reps - start)
-        draws = torch.randint(0, n_problems, (m, n_problems), generator=g)
-        counts = torch.zeros(m, n_problems, dtype=torch.float64).scatter_add_(
-            1, draws, torch.ones(m, n_problems, dtype=torch.float64)
-        )
-        w = counts[:, problem]
-        diffs.append(weighted_auc(a, labels, w) - weighted_auc(b, labels, w))
-    d = torch.cat(diffs)
-    d = d[~torch.isnan(d)]  # a resample holding one class has no AUC
-    if not len(d):
-        return float("nan"), float("nan")
+        draws = torch.randint(0, len(ids), (m, len(ids)), generator=g)
+        counts = torch.zeros(m, len(ids), dtype=torch.float64).scatter_add_(
+            1, draws, torch.ones(m, len(ids), dtype=torch.float64)
+        )[:, both]
+        n = counts.sum(1)
+        diffs.append(torch.where(n > 0, counts @ d[both] / n.clamp(min=1), torch.full_like(n, float("nan"))))
+    dd = torch.cat(diffs)
+    dd = dd[~torch.isnan(dd)]  # a resample without a problem of both kinds has no within-problem AUC
     q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
-    lo, hi = torch.quantile(d, q).tolist()
+    lo, hi = torch.quantile(dd, q).tolist()
     return lo, hi
 
 
@@ -543,8 +531,9 @@ def free_baselines(
         (``within_problem_auc``) and ``bon`` (Best-of-N over all
         candidates of a problem, ties to the lowest index); ``random`` (mean correctness per
         problem) and ``oracle`` (pass@N) with ``bon``; ``verdict``: the head against the free
-        baseline with the higher AUC, the AUC difference and its ``level`` interval from a paired
-        bootstrap over problems (``reps`` resamples, seeded), ``outcome`` (``beats``, ``barely
+        baseline with the higher within-problem AUC, the within-problem AUC difference
+        (``head_auc`` and ``baseline_auc`` are within-problem AUCs) and its ``level`` interval
+        from a paired bootstrap over problems (``reps`` resamples, seeded), ``outcome`` (``beats``, ``barely
         beats``, ``does not beat``) and one sentence, ``text``.
     """
     s = torch.as_tensor(scores).detach().double().flatten()
@@ -587,10 +576,13 @@ def free_baselines(
     per_problem = [(float(y[i].any()), float(y[i].double().mean())) for i in _group_ids(gr)]
     out["oracle"] = {"bon": sum(o for o, _ in per_problem) / max(1, len(per_problem))}
     out["random"] = {"bon": sum(m for _, m in per_problem) / max(1, len(per_problem))}
+    # NOTE: judged on the within-problem AUC, what Best-of-N uses: the pooled AUC also credits a
+    # score for telling easy problems from hard ones, which picks no better candidate
     # the stronger free baseline; on equal AUCs length (cheaper still) stands
-    against = max(free, key=lambda k: (out[k]["auc"] if not math.isnan(out[k]["auc"]) else -1.0, k == "length"))
-    head_auc, base_auc = out["head"]["auc"], out[against]["auc"]
-    lo, hi = _paired_auc_difference(s, free[against], y, gr, reps, seed, level)
+    against = max(free, key=lambda k: (out[k]["within_auc"] if not math.isnan(out[k]["within_auc"]) else -1.0,
+                                       k == "length"))
+    head_auc, base_auc = out["head"]["within_auc"], out[against]["within_auc"]
+    lo, hi = _paired_within_auc_difference(s, free[against], y, gr, reps, seed, level)
     diff = head_auc - base_auc
     if math.isnan(diff) or math.isnan(lo):
         outcome = None
@@ -627,11 +619,12 @@ def _verdict_text(outcome, name, head_auc, base_auc, diff, lo, hi, level, proble
     pct = f"{100 * level:.0f}%"
     if outcome is None:
         return (
-            f"no verdict against {name}: the validation candidates give no AUC difference "
-            f"(head AUC {head_auc}, {name} AUC {base_auc})"
+            f"no verdict against {name}: no validation problem has both a correct and an incorrect candidate "
+            f"(head within-problem AUC {head_auc}, {name} {base_auc})"
         )
     figures = (
-        f"AUC {head_auc:.3f} vs {base_auc:.3f}, difference {diff:+.3f} ({pct} interval {lo:+.3f} to {hi:+.3f}, "
+        f"within-problem AUC {head_auc:.3f} vs {base_auc:.3f}, difference {diff:+.3f} "
+        f"({pct} interval {lo:+.3f} to {hi:+.3f}, "
         f"paired bootstrap over {_count(problems, 'validation problem')})"
     )
     text = f"the head {outcome} {name}: {figures}"

@@ -472,7 +472,8 @@ def test_train_cli_sets_the_head_beside_length_when_length_is_the_label(model_di
     assert b["length"] == {"direction": "shorter", "auc": 1.0, "within_auc": 1.0, "bon": b["oracle"]["bon"]}
     table = out.splitlines()[1:9]
     assert any(ln.startswith("length (shorter better)") and ln.split()[3] == "1.000" for ln in table)
-    assert "the head does not beat length (shorter better): AUC " in out and " vs 1.000, difference " in out
+    assert "the head does not beat length (shorter better): within-problem AUC " in out
+    assert " vs 1.000, difference " in out
     assert b["verdict"]["outcome"] == "does not beat"
 
 

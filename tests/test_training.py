@@ -23,7 +23,6 @@ from swift_fast.training import (
     selection_metrics,
     split_by_problem,
     train_head,
-    weighted_auc,
 )
 
 
@@ -263,20 +262,12 @@ def test_a_validation_split_that_cannot_measure_the_loss_is_refused():
 
 
 # -- what the head learned against what was free ----------------------------------------------
-def test_auc_by_hand_and_its_weighted_form_equals_duplicated_candidates():
+def test_auc_by_hand():
     # pairs (correct, incorrect): 0.35 beats 0.1, loses to 0.4; 0.8 beats both -> 3 of 4
     assert auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])) == 0.75
     # a tie counts one half: (1 vs 1) = 0.5, (1 vs 2) = 0 -> 0.25
     assert auc(torch.tensor([1.0, 1.0, 2.0]), torch.tensor([1, 0, 0])) == 0.25
-    g = torch.Generator().manual_seed(3)
-    s = torch.randint(0, 6, (30,), generator=g).double()
-    y = torch.rand(30, generator=g) < 0.5
-    w = torch.randint(0, 4, (5, 30), generator=g)
-    got = weighted_auc(s, y, w)
-    for r in range(5):
-        rep = torch.repeat_interleave(torch.arange(30), w[r])
-        assert got[r].item() == pytest.approx(auc(s[rep], y[rep]), rel=1e-12)
-    assert math.isnan(weighted_auc(s, y, (~y).long()[None])[0])  # no positive weighed: no AUC
+    assert math.isnan(auc(torch.tensor([1.0, 2.0]), torch.tensor([0, 0])))  # one class: no AUC
 
 
 def test_balanced_figures_by_hand():
@@ -311,7 +302,8 @@ def test_length_that_predicts_the_labels_is_a_baseline_the_head_does_not_beat():
     assert 0.5 < b["head"]["auc"] < 1.0 and b["mean_logprob"] is None
     v = b["verdict"]
     assert v["against"] == "length" and v["outcome"] == "does not beat" and v["difference"] < 0
-    assert v["text"].startswith(f"the head does not beat length (shorter better): AUC {b['head']['auc']:.3f} vs 1.000")
+    assert v["text"].startswith(
+        f"the head does not beat length (shorter better): within-problem AUC {b['head']['within_auc']:.3f} vs 1.000")
     # the same lengths reversed favour the longer ones, named so
     assert free_baselines(head, y, groups, -length + 100)["length"]["direction"] == "longer"
     table = format_baselines(b)
@@ -338,17 +330,46 @@ def test_bon_of_the_baselines_and_the_paired_bootstrap_by_hand():
     assert b["length"]["bon"] == pytest.approx(1 / 3)  # p0 picks 0 (tie 5, 5: wrong), p1 picks 4 (wrong), p2 picks 6
     assert b["mean_logprob"]["bon"] == pytest.approx(2 / 3)  # p0 picks 1, p1 picks 3 (tie), p2 picks 7 (wrong)
     assert b["mean_logprob"]["auc"] == pytest.approx(10 / 20) and b["head"]["auc"] == pytest.approx(16.5 / 20)
-    # the interval, recomputed by brute force: the same resamples of problems, candidates repeated, pairs counted
-    assert b["verdict"]["against"] == "length"
+    # within each problem, pairs counted by hand (head; shorter; mean log-prob):
+    # p0 (1 correct of 3): 1/2, 1/2 (tie 5, 5) + 1 = 3/4, 1 + 1 = 1 over 2 pairs
+    # p1 (1 of 3): 2/2, 0 + 1 = 1/2, 1/2 (tie) + 1 = 3/4; p2 (2 of 3): 2/2, 4 ties = 1/2, 0 of 2
+    per_problem = {"head": [0.5, 1.0, 1.0], "length": [0.75, 0.5, 0.5], "lp": [1.0, 0.75, 0.0]}
+    assert b["head"]["within_auc"] == pytest.approx(2.5 / 3)
+    assert b["length"]["within_auc"] == pytest.approx(1.75 / 3) == b["mean_logprob"]["within_auc"]
+    # the verdict is on the within-problem AUC; on a tie there length (the cheaper) stands
+    v = b["verdict"]
+    assert v["against"] == "length" and v["difference"] == pytest.approx(0.75 / 3)
+    assert v["head_auc"] == pytest.approx(2.5 / 3) and v["baseline_auc"] == pytest.approx(1.75 / 3)
+    # the interval, recomputed by brute force: the same resamples of problems, each problem's pairs counted
     g = torch.Generator().manual_seed(5)
     draws = torch.randint(0, 3, (300, 3), generator=g)
-    diffs = []
-    for row in draws.tolist():
-        idx = torch.cat([torch.nonzero(groups == p).flatten() for p in row])
-        diffs.append(_pair_auc(head[idx], y[idx]) - _pair_auc(-length[idx].double(), y[idx]))
-    d = torch.tensor([x for x in diffs if not math.isnan(x)], dtype=torch.float64)
+    d = torch.tensor([sum(per_problem["head"][p] - per_problem["length"][p] for p in row) / 3
+                      for row in draws.tolist()], dtype=torch.float64)
     lo, hi = torch.quantile(d, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    assert b["verdict"]["interval"] == pytest.approx([lo, hi], abs=1e-12)
+    assert v["interval"] == pytest.approx([lo, hi], abs=1e-12)
+    for p, idx in enumerate([[0, 1, 2], [3, 4, 5], [6, 7, 8]]):  # the hand counts, checked by brute force
+        assert _pair_auc(head[idx], y[idx]) == per_problem["head"][p]
+        assert _pair_auc(-length[idx].double(), y[idx]) == per_problem["length"][p]
+        assert _pair_auc(lp[idx], y[idx]) == per_problem["lp"][p]
+
+
+def test_the_verdict_is_on_ranking_within_problems_not_on_telling_hard_problems_from_easy():
+    # a score that knows how hard each problem is and nothing about its candidates: every pooled
+    # pair across problems goes its way, yet it picks no better candidate than a coin
+    g = torch.Generator().manual_seed(11)
+    rate = torch.rand(40, generator=g)
+    groups = torch.arange(40).repeat_interleave(8)
+    y = torch.rand(320, generator=g) < rate[groups]
+    length = torch.randint(5, 50, (320,), generator=g)
+    b = free_baselines(rate[groups].double(), y, groups, length, seed=2)
+    assert b["head"]["auc"] > 0.75 and b["head"]["within_auc"] == 0.5  # all ties within a problem
+    v = b["verdict"]
+    assert v["head_auc"] == 0.5 and v["outcome"] in ("barely beats", "does not beat")
+    assert v["interval"][0] < 0 < v["interval"][1] and v["text"].startswith("the head ")
+    assert " beats length" not in v["text"] or "the interval includes 0" in v["text"]
+    # and where no problem has both kinds, no verdict rather than a figure
+    b = free_baselines(torch.arange(16).double(), torch.arange(16) < 8, torch.arange(16) // 8, torch.ones(16))
+    assert b["verdict"]["outcome"] is None and b["verdict"]["text"].startswith("no verdict against length")
 
 
 def _pair_auc(s, y):

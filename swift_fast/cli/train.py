@@ -48,7 +48,8 @@ After training, the head is set beside what needs no training, on the same valid
 candidates: its AUC and Best-of-N beside those of the response length (in the direction the
 validation data favours, which flatters length) and of the model's mean log-prob of the response,
 random and oracle picks, then a verdict from a paired bootstrap over validation problems of the
-AUC difference between the head and the better free baseline. The head at R > 0 is summed up
+within-problem AUC difference (how well each ranks one problem's candidates, what Best-of-N uses)
+between the head and the better free baseline. The head at R > 0 is summed up
 by balanced accuracy, precision and recall of "correct". The head file records model, data,
 label balance, loss, best epoch, validation metrics and these baselines.
 
