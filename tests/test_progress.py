@@ -91,3 +91,14 @@ def test_vllm_progress_counts_what_vllm_reports_and_drops_its_rendering_bar():
     pbar.close()
     bar.close()
     assert "generate: 8/8 candidates" in out.getvalue()
+
+
+def test_a_rate_keeps_three_significant_digits_however_slow_the_work():
+    from swift_fast.progress import _rate
+
+    assert _rate(23, 170.7, "fit") == ", 0.135 fit/s"  # 23 / 170.7 = 0.13474...
+    assert _rate(1, 5000.0, "fit") == ", 0.0002 fit/s"
+    assert _rate(5, 2.0, "fit") == ", 2.50 fit/s"
+    assert _rate(12800, 870.8, "candidate") == ", 14.7 candidate/s"
+    assert _rate(3200, 11.4, "candidate") == ", 281 candidate/s"
+    assert _rate(0, 3.0, "fit") == "" and _rate(4, 0.0, "fit") == ""  # nothing done, or no time: no rate
