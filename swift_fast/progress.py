@@ -113,7 +113,7 @@ class _Line:
 
 
 def _rate(n: int, dt: float, unit: str) -> str:
-    """``", 14.4 candidate/s"``: three significant digits however slow the work (0.134 fit/s)."""
+    """``", 14.4 candidate/s"``: three significant digits however slow the work (0.135 fit/s)."""
     if dt <= 0 or not n:
         return ""
     v = n / dt
