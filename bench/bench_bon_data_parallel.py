@@ -4,7 +4,7 @@ model, problems and per-problem seeds.
 Both set-ups are built once (the one-engine run first, with vLLM's default CPU binding; then
 ``data_parallel_size=N``, each engine core bound to its share of the cores), each with the
 swift-fast plugin (a SWIFT head over every state, SAR on) and the collector of ``swift-fast
-bon``/``collect`` (``swift_fast.hf.collect``: render, generate, grade, write). Timed rounds
+bon``/``collect`` (``swift_fast.jobs.collect``: render, generate, grade, write). Timed rounds
 alternate between them, each writing a fresh rollout file over the same problems; the report
 gives problems/s and generated tokens/s per set-up (median over rounds) and the ratio N engines /
 one, per round (median and range). Engine start-up is not timed.
@@ -39,8 +39,8 @@ def build(args, root: str) -> tuple[str, str, str]:
 
 
 def timed(engine, tokenizer, examples, cfg, out: str) -> tuple[float, int]:
-    from swift_fast.hf.collect import collect
-    from swift_fast.rollouts import read_rollouts
+    from swift_fast.data.rollouts import read_rollouts
+    from swift_fast.jobs.collect import collect
 
     t = time.perf_counter()
     collect(engine, tokenizer, examples, out, cfg, progress=False)
@@ -61,9 +61,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
 
-    from swift_fast.datasets import load_dataset
-    from swift_fast.engine_logs import quiet_vllm_logs
-    from swift_fast.hf.collect import CollectConfig, VLLMEngine
+    from swift_fast.data.datasets import load_dataset
+    from swift_fast.jobs.collect import CollectConfig, VLLMEngine
+    from swift_fast.support.engine_logs import quiet_vllm_logs
 
     quiet_vllm_logs()
     root = tempfile.mkdtemp(prefix="swift-fast-bench-dp-")

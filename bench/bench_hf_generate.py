@@ -35,9 +35,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from swift_fast.head import SwiftHead
 from swift_fast.hf import GenerationScorer
 from swift_fast.hf.features import decoder_parts, state_hooks
+from swift_fast.rewards.head import SwiftHead
 
 
 class NaiveScorer:

@@ -59,7 +59,7 @@ def build(args, root: str) -> tuple[str, str, int]:
     import torch
     from transformers import AutoConfig
 
-    from swift_fast.head import SwiftHead
+    from swift_fast.rewards.head import SwiftHead
     from swift_fast.testing import build_tiny_model
 
     if args.model:
@@ -228,7 +228,7 @@ def run(p, args) -> int:
     if args.swift_first:
         variants = dict(reversed(list(variants.items())))
     engines = {}
-    from swift_fast.hf.data_parallel import cpu_ranks_bound
+    from swift_fast.jobs.data_parallel import cpu_ranks_bound
 
     for name, cfg in variants.items():
         t = time.perf_counter()

@@ -7,33 +7,35 @@ from __future__ import annotations
 
 import importlib
 
+from . import _compat
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
     # head
-    "SwiftHead": "head",
-    "HeadError": "head",
-    "model_fingerprint": "head",
-    "resolve_layers": "head",
+    "SwiftHead": "rewards.head",
+    "HeadError": "rewards.head",
+    "model_fingerprint": "rewards.head",
+    "resolve_layers": "rewards.head",
     # reference scoring
-    "swift_score": "scoring",
-    "token_scores": "scoring",
+    "swift_score": "rewards.scoring",
+    "token_scores": "rewards.scoring",
     # SAR
-    "perplexity": "sar",
-    "sar_reward": "sar",
-    "rl_reward": "sar",
-    "sar_from_logits": "sar",
-    "sar_from_hidden": "sar",
-    "token_logprobs": "sar",
-    "DEFAULT_SYSTEM_PROMPT": "sar",
+    "perplexity": "rewards.sar",
+    "sar_reward": "rewards.sar",
+    "rl_reward": "rewards.sar",
+    "sar_from_logits": "rewards.sar",
+    "sar_from_hidden": "rewards.sar",
+    "token_logprobs": "rewards.sar",
+    "DEFAULT_SYSTEM_PROMPT": "rewards.sar",
     # Best-of-N
-    "bon_select": "bon",
-    "bon_accuracy": "bon",
-    "majority_vote": "bon",
-    "weighted_vote": "bon",
-    "oracle_accuracy": "bon",
-    "combine_rank": "bon",
-    "combine_scaled": "bon",
+    "bon_select": "selection.bon",
+    "bon_accuracy": "selection.bon",
+    "majority_vote": "selection.bon",
+    "weighted_vote": "selection.bon",
+    "oracle_accuracy": "selection.bon",
+    "combine_rank": "selection.bon",
+    "combine_scaled": "selection.bon",
     # grading and data
     "grade": "grading",
     "grade_many": "grading",
@@ -41,14 +43,16 @@ _EXPORTS = {
     "extract_answer": "grading",
     "extract_many": "grading",
     "Judgement": "grading",
-    "load_dataset": "datasets",
-    "Example": "datasets",
-    "DataError": "datasets",
-    "render_prompt": "templates",
-    "TEMPLATES": "templates",
+    "load_dataset": "data.datasets",
+    "Example": "data.datasets",
+    "DataError": "data.datasets",
+    "render_prompt": "data.templates",
+    "TEMPLATES": "data.templates",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
+
+_compat.install()
 
 
 def __getattr__(name: str):

@@ -59,7 +59,7 @@ def plugin_caplog(caplog, monkeypatch):
 
 @pytest.fixture
 def vllm_logs_restored(monkeypatch):
-    """A command run in this process quiets vLLM (``swift_fast.engine_logs``: environment, logger
+    """A command run in this process quiets vLLM (``swift_fast.support.engine_logs``: environment, logger
     levels); what it changes is put back after the test."""
     import logging
 

@@ -53,7 +53,7 @@ def eos_prone_model_dir(tmp_path_factory, eos_logit: float = 4.0) -> str:
 
 def random_head(width: int, layers, alignment: str, feature: str = "hidden", gate: bool = True, seed: int = 0):
     """A SWIFT head with seeded random weights (std 0.3) and bias, so scores are far from trivial."""
-    from swift_fast.head import SwiftHead
+    from swift_fast.rewards.head import SwiftHead
 
     head = SwiftHead(width, layers, gate=gate, alignment=alignment, feature=feature)
     g = torch.Generator().manual_seed(seed)

@@ -12,7 +12,7 @@ from swift_fast import (
     oracle_accuracy,
     weighted_vote,
 )
-from swift_fast.bon import default_ks, exclude_pruned, minmax, ranks
+from swift_fast.selection.bon import default_ks, exclude_pruned, minmax, ranks
 
 
 def test_bon_uses_first_k_and_ties_go_to_lowest_index():

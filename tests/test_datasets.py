@@ -6,7 +6,7 @@ import os
 import pytest
 
 from swift_fast import DataError, load_dataset
-from swift_fast.datasets import Example, detect_format
+from swift_fast.data.datasets import Example, detect_format
 
 
 def _rows(path):
@@ -169,7 +169,7 @@ def test_loading_data_starts_no_grading_machinery():
     import subprocess
     import sys
 
-    code = "import sys, swift_fast.datasets; print('swift_fast.math_workers' in sys.modules)"
+    code = "import sys, swift_fast.data.datasets; print('swift_fast.grading.math_workers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"

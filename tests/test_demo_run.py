@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from swift_fast import SwiftHead
+from swift_fast.data.rollouts import read_rollouts
 from swift_fast.demo import assets as A
 from swift_fast.demo import task as T
 from swift_fast.demo.run import run_demo
 from swift_fast.kernels.swift_reduce import swift_reduce_reference
-from swift_fast.rollouts import read_rollouts
 
 
 def _reference_scores(problems, root=A.ASSETS_DIR):
@@ -159,7 +159,7 @@ def test_vllm_info_logs_are_quiet_unless_asked(monkeypatch):
     import logging
     import sys
 
-    from swift_fast.engine_logs import quiet_vllm_logs
+    from swift_fast.support.engine_logs import quiet_vllm_logs
 
     monkeypatch.delenv("PYTHONWARNINGS", raising=False)  # restored after the test: quiet_vllm_logs sets it
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")

@@ -117,7 +117,7 @@ def test_tokenizer_round_trip_and_chat_template():
     assert "12+34" not in tok.decode(q0)
     # SAR's question-removed prompt as the library builds it from the problem's chat
     from swift_fast.demo.tokenizer import messages
-    from swift_fast.sar_context import chat_context_ids
+    from swift_fast.rewards.sar_context import chat_context_ids
 
     assert chat_context_ids(tok, messages("12+34")) == q0
     assert tok.eos_token == "<|eot_id|>"

@@ -1,5 +1,5 @@
 """A job's own output stays on the terminal while vLLM's (native code, engine processes, loading
-bars drawn from this process) goes to a log file (`swift_fast.engine_logs`)."""
+bars drawn from this process) goes to a log file (`swift_fast.support.engine_logs`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from swift_fast.engine_logs import engine_output_to, engine_starting
+from swift_fast.support.engine_logs import engine_output_to, engine_starting
 
 
 def _run(code: str, tmp_path) -> subprocess.CompletedProcess:
@@ -20,7 +20,7 @@ def _run(code: str, tmp_path) -> subprocess.CompletedProcess:
 def test_engine_output_goes_to_the_log_and_the_jobs_output_stays(tmp_path):
     r = _run("""
         import os, subprocess, sys
-        from swift_fast.engine_logs import engine_output_to, engine_starting
+        from swift_fast.support.engine_logs import engine_output_to, engine_starting
         print("before")
         with engine_output_to("run/engine.log"):
             print("ours, stdout")
@@ -56,7 +56,7 @@ def test_a_replaced_stream_is_left_alone_and_engine_starting_is_inert_outside(tm
 def test_startup_output_is_held_until_released(tmp_path):
     r = _run("""
         import os, sys
-        from swift_fast.engine_logs import StartupOutput
+        from swift_fast.support.engine_logs import StartupOutput
         out = StartupOutput("start.log")
         print("vLLM start-up line")
         os.write(2, b"native warning\\n" + b"Loading 0%\\rLoading 100%\\n")

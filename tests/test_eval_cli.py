@@ -5,10 +5,10 @@ import sys
 import pytest
 import torch
 
-from swift_fast import report
 from swift_fast.cli import main
-from swift_fast.datasets import DataError
-from swift_fast.rollouts import Problem, RolloutWriter, done_ids, read_rollouts, write_rollouts
+from swift_fast.data.datasets import DataError
+from swift_fast.data.rollouts import Problem, RolloutWriter, done_ids, read_rollouts, write_rollouts
+from swift_fast.reports import best_of_n as report
 
 
 def _problems():

@@ -7,8 +7,7 @@ import threading
 
 import pytest
 
-from swift_fast import math_workers
-from swift_fast.datasets import load_dataset
+from swift_fast.data.datasets import load_dataset
 from swift_fast.grading import (
     CUT_OFF_REASONS,
     cut_off,
@@ -18,6 +17,7 @@ from swift_fast.grading import (
     grade_many,
     has_final_statement,
     judge_many,
+    math_workers,
 )
 
 # sympy spends minutes on this power (with little memory): a stand-in for any hung comparison.
@@ -391,9 +391,9 @@ def test_truncation_in_batches_and_stats():
 
 def test_regrade_and_collect_apply_the_rule():
     from swift_fast.cli.eval import regrade
-    from swift_fast.datasets import Example
-    from swift_fast.hf.collect import grade_candidates
-    from swift_fast.rollouts import Problem
+    from swift_fast.data.datasets import Example
+    from swift_fast.data.rollouts import Problem
+    from swift_fast.jobs.collect import grade_candidates
 
     def cands():
         return [

@@ -4,7 +4,7 @@ tests/data/grading_regression.jsonl, one case a line: ``response``, ``reference`
 ``finish_reason``, ``expected_correct``, ``expected_answer`` (the canonical key, or null for no
 answer), ``note`` (why the case is here) and optionally ``truncation`` ("strict" when absent).
 The expected values are written by hand from the rules in swift_fast.grading and
-swift_fast.math_judge. Every case runs through the worker processes and through the
+swift_fast.grading.math_judge. Every case runs through the worker processes and through the
 in-process path.
 """
 

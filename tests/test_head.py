@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import save_file
 
 from swift_fast import HeadError, SwiftHead, resolve_layers
-from swift_fast.head import FORMAT
+from swift_fast.rewards.head import FORMAT
 
 
 class _Cfg:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hf_fixtures import eos_prone_model_dir
 
-from swift_fast.rollouts import read_rollouts
+from swift_fast.data.rollouts import read_rollouts
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,8 +27,8 @@ def data_file(tmp_path_factory):
 
 
 def _check_rollouts(path, tok, n, max_new):
+    from swift_fast.data.templates import render_prompt
     from swift_fast.grading import grade
-    from swift_fast.templates import render_prompt
 
     problems = read_rollouts(path)
     assert [p.id for p in problems] == [r["id"] for r in DATA]
@@ -59,8 +59,8 @@ def _check_rollouts(path, tok, n, max_new):
 def test_collect_with_transformers_resumes_after_an_interruption(tmp_path_factory, data_file, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from swift_fast.datasets import load_dataset
-    from swift_fast.hf.collect import CollectConfig, HFEngine, collect
+    from swift_fast.data.datasets import load_dataset
+    from swift_fast.jobs.collect import CollectConfig, HFEngine, collect
 
     path = eos_prone_model_dir(tmp_path_factory)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -94,10 +94,10 @@ def test_score_sar_uses_the_question_removed_prompt_collect_recorded(tmp_path_fa
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from swift_fast.cli import main
-    from swift_fast.datasets import load_dataset
+    from swift_fast.data.datasets import load_dataset
+    from swift_fast.data.rollouts import write_rollouts
     from swift_fast.hf import sar_rewards
-    from swift_fast.hf.collect import CollectConfig, HFEngine, collect
-    from swift_fast.rollouts import write_rollouts
+    from swift_fast.jobs.collect import CollectConfig, HFEngine, collect
 
     path = eos_prone_model_dir(tmp_path_factory)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -152,7 +152,7 @@ def test_collect_cli_with_vllm(tmp_path_factory, data_file, tmp_path, capsys):
 
 
 def test_collect_warns_after_its_first_chunk_when_almost_nothing_is_correct(caplog):
-    from swift_fast.hf.collect import CollectConfig, warn_few_correct
+    from swift_fast.jobs.collect import CollectConfig, warn_few_correct
 
     cfg = CollectConfig(n=8, temperature=1.0)
     with caplog.at_level("WARNING", logger="swift_fast.collect"):
@@ -169,8 +169,8 @@ def test_collect_warns_after_its_first_chunk_when_almost_nothing_is_correct(capl
 def test_collect_on_a_model_that_gets_nothing_right_says_so(tmp_path_factory, data_file, tmp_path, caplog):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from swift_fast.datasets import load_dataset
-    from swift_fast.hf.collect import CollectConfig, HFEngine, collect
+    from swift_fast.data.datasets import load_dataset
+    from swift_fast.jobs.collect import CollectConfig, HFEngine, collect
 
     path = eos_prone_model_dir(tmp_path_factory)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

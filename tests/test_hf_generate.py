@@ -4,8 +4,8 @@ import pytest
 import torch
 from hf_fixtures import eos_prone_model_dir, random_head, tiny_model_dir
 
-from swift_fast.head import SwiftHead
 from swift_fast.hf import GenerationError, GenerationScorer, generate_with_scores, response_lengths, swift_scores
+from swift_fast.rewards.head import SwiftHead
 
 transformers = pytest.importorskip("transformers")
 
@@ -120,7 +120,7 @@ def test_explicit_response_lengths_and_unsupported_modes(eos_model):
 
 
 def test_head_for_another_model_is_refused_before_generating(tmp_path_factory, eos_model):
-    from swift_fast.head import HeadError
+    from swift_fast.rewards.head import HeadError
 
     model, _ = eos_model
     head = SwiftHead(model.config.hidden_size, [0, 3])

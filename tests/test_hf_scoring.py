@@ -5,8 +5,8 @@ import pytest
 import torch
 from hf_fixtures import FAMILIES, random_head, tiny_model_dir
 
-from swift_fast.head import HeadError, SwiftHead
 from swift_fast.hf import UnsupportedModelError, extract_features, swift_scores
+from swift_fast.rewards.head import HeadError, SwiftHead
 
 transformers = pytest.importorskip("transformers")
 

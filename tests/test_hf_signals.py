@@ -7,8 +7,8 @@ import pytest
 import torch
 from hf_fixtures import tiny_model_dir
 
+from swift_fast.data.rollouts import Problem
 from swift_fast.hf import candidate_signals, record_signals
-from swift_fast.rollouts import Problem
 
 transformers = pytest.importorskip("transformers")
 

@@ -8,10 +8,10 @@ import torch
 from hf_fixtures import tiny_model_dir
 
 from swift_fast.cli import main
-from swift_fast.datasets import DataError
-from swift_fast.head import SwiftHead
+from swift_fast.data.datasets import DataError
+from swift_fast.data.rollouts import Problem, read_rollouts, write_rollouts
 from swift_fast.hf import swift_scores, train_from_rollouts
-from swift_fast.rollouts import Problem, read_rollouts, write_rollouts
+from swift_fast.rewards.head import SwiftHead
 from swift_fast.training import LOSSES, LabelBalanceError, LabelShareWarning, split_by_problem
 
 transformers = pytest.importorskip("transformers")
@@ -120,7 +120,7 @@ def test_train_cli_fits_the_probe_by_default_an_ungated_head_at_the_optimum(mode
     hand in float64: the head's score is the regression's on pooled raw states (pooling and the
     folded standardisation), and the fit is the optimum (the gradient of the objective vanishes)."""
     from swift_fast.hf import extract_features
-    from swift_fast.probe import DEFAULT_LAMBDAS
+    from swift_fast.training.probe import DEFAULT_LAMBDAS
 
     model, tok = model_and_tok
     data = tmp_path / "rollouts.jsonl"
@@ -164,8 +164,8 @@ def test_train_cli_fits_the_probe_by_default_an_ungated_head_at_the_optimum(mode
 
 
 def test_the_probe_refuses_what_it_cannot_fit(model_dir, model_and_tok, tmp_path, capsys):
-    from swift_fast.head import HeadError
-    from swift_fast.probe import train_probe
+    from swift_fast.rewards.head import HeadError
+    from swift_fast.training.probe import train_probe
 
     _, tok = model_and_tok
     data = tmp_path / "rollouts.jsonl"
@@ -566,7 +566,7 @@ def test_the_probe_picks_its_strength_by_the_loss_when_no_problem_has_both_kinds
     """One candidate per problem (``collect --n 1``): the within-problem AUC is undefined, so the
     strength follows the out-of-fold loss, said before the model loads; too few training problems
     for the folds are refused there too."""
-    from swift_fast.probe import DEFAULT_LAMBDAS
+    from swift_fast.training.probe import DEFAULT_LAMBDAS
 
     _, tok = model_and_tok
     data = tmp_path / "rollouts.jsonl"

@@ -10,14 +10,14 @@ import torch
 from hf_fixtures import tiny_model_dir
 
 from swift_fast.cli import main
-from swift_fast.head import HeadError, SwiftHead
 from swift_fast.hf import swift_scores
-from swift_fast.reference_heads import (
+from swift_fast.hf.reference_heads import (
     import_reference_checkpoint,
     load_reference_state_dict,
     read_final_norm_weight,
     reference_layers,
 )
+from swift_fast.rewards.head import HeadError, SwiftHead
 
 transformers = pytest.importorskip("transformers")
 

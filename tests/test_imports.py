@@ -63,11 +63,12 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_walk_sees_the_grading_modules():
     g = _graph()
-    assert {"swift_fast.grading", "swift_fast.math_judge", "swift_fast.math_workers"} <= set(g)
+    assert {"swift_fast.grading.answers", "swift_fast.grading.math_judge", "swift_fast.grading.math_workers"} <= set(g)
     # the checker itself must see both import forms the package uses
-    assert "swift_fast.math_judge" in g["swift_fast.grading"]
-    assert "swift_fast.math_workers" in g["swift_fast.grading"]  # a function-level `from . import math_workers`
-    assert "swift_fast.math_judge" in g["swift_fast.math_workers"]
+    assert "swift_fast.grading.math_judge" in g["swift_fast.grading.answers"]
+    # a function-level `from . import math_workers`
+    assert "swift_fast.grading.math_workers" in g["swift_fast.grading.answers"]
+    assert "swift_fast.grading.math_judge" in g["swift_fast.grading.math_workers"]
 
 
 def test_no_two_modules_import_each_other():
@@ -77,7 +78,10 @@ def test_no_two_modules_import_each_other():
 
 
 def test_math_workers_never_import_grading():
-    assert "swift_fast.grading" not in _graph()["swift_fast.math_workers"]
+    # a worker process imports the package on the way to math_workers: it must import nothing itself
+    g = _graph()
+    assert "swift_fast.grading.answers" not in g["swift_fast.grading.math_workers"]
+    assert not g["swift_fast.grading"]
 
 
 @pytest.mark.parametrize(
@@ -94,3 +98,40 @@ def test_import_forms_are_resolved(tmp_path, source, expect):
     path = tmp_path / "a.py"
     path.write_text(source)
     assert _imports("swift_fast.a", str(path), {"swift_fast", "swift_fast.a", "swift_fast.b"}) == expect
+
+
+#: the package's parts, lowest first: a module imports only from its own part or the parts below
+#: (docs/layout.md draws the same picture)
+LAYERS = [
+    ("swift_fast", "swift_fast._compat", "swift_fast.definitions", "swift_fast.support"),
+    ("swift_fast.kernels",),
+    ("swift_fast.rewards", "swift_fast.selection", "swift_fast.training"),
+    ("swift_fast.data", "swift_fast.grading", "swift_fast.reports"),
+    ("swift_fast.hf", "swift_fast.vllm_plugin"),
+    ("swift_fast.jobs",),
+    ("swift_fast.demo", "swift_fast.testing"),
+    ("swift_fast.cli", "swift_fast.__main__"),
+]
+
+
+def _layer(module: str) -> int:
+    best, rank = "", None
+    for i, parts in enumerate(LAYERS):
+        for p in parts:
+            if (module == p or module.startswith(p + ".")) and len(p) > len(best):
+                best, rank = p, i
+    return rank
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in _graph() if _layer(m) is None] == []
+
+
+def test_every_import_points_down():
+    up = sorted(f"{a} -> {b}" for a, deps in _graph().items() for b in deps if _layer(b) > _layer(a))
+    assert not up, "imports that point up: " + "; ".join(up)
+
+
+def test_the_layers_see_an_upward_import():
+    assert _layer("swift_fast.rewards.head") < _layer("swift_fast.hf.features") < _layer("swift_fast.cli.train")
+    assert _layer("swift_fast") == 0  # the light package (__version__) may be imported from anywhere

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from swift_fast.kernels._dispatch import HAVE_TRITON, interpreting, native_module
-from swift_fast.sar import sar_reward
+from swift_fast.rewards.sar import sar_reward
 
 sfl = importlib.import_module("swift_fast.kernels.sar_from_logits")
 tlp = importlib.import_module("swift_fast.kernels.token_logprobs")
@@ -143,7 +143,7 @@ def test_near_certain_answers_keep_their_precision():
 
 
 def test_public_sar_functions_use_the_kernels():
-    from swift_fast import sar
+    from swift_fast.rewards import sar
 
     xq, x0, y = _case(14, 300, torch.bfloat16, seed=5)
     want = sar.sar_reward(sar.token_logprobs(xq, y, backend="torch"), sar.token_logprobs(x0, y, backend="torch"), CU)
@@ -152,7 +152,7 @@ def test_public_sar_functions_use_the_kernels():
 
 
 def test_sar_from_hidden_matches_the_logits_path():
-    from swift_fast import sar
+    from swift_fast.rewards import sar
 
     g = torch.Generator().manual_seed(6)
     hq, h0 = torch.randn(14, 16, generator=g), torch.randn(14, 16, generator=g)

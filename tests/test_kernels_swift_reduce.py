@@ -149,8 +149,8 @@ def test_projection_large_token_count():
 
 
 def test_swift_score_uses_the_backends():
-    from swift_fast.head import SwiftHead
-    from swift_fast.scoring import swift_score
+    from swift_fast.rewards.head import SwiftHead
+    from swift_fast.rewards.scoring import swift_score
 
     layers, _, _ = _case(torch.bfloat16, k=3, pairs=(1,))
     head = SwiftHead(37, layers=[0, 4, 8])
@@ -335,8 +335,8 @@ def test_norm_eps_must_be_finite_and_not_negative(backend, eps):
 
 
 def test_swift_score_applies_the_heads_state_norm():
-    from swift_fast.head import SwiftHead
-    from swift_fast.scoring import swift_score, token_scores
+    from swift_fast.rewards.head import SwiftHead
+    from swift_fast.rewards.scoring import swift_score, token_scores
 
     layers, w, gains, folded, bias = _norm_case(torch.bfloat16, k=3, pairs=(1,))
     head = SwiftHead(37, layers=[0, 4, 8], norm_eps=1e-5)

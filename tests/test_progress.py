@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from swift_fast.progress import phase, vllm_progress
+from swift_fast.support.progress import phase, vllm_progress
 
 
 class _Tty(io.StringIO):
@@ -94,7 +94,7 @@ def test_vllm_progress_counts_what_vllm_reports_and_drops_its_rendering_bar():
 
 
 def test_a_rate_keeps_three_significant_digits_however_slow_the_work():
-    from swift_fast.progress import _rate
+    from swift_fast.support.progress import _rate
 
     assert _rate(23, 170.7, "fit") == ", 0.135 fit/s"  # 23 / 170.7 = 0.13474...
     assert _rate(1, 5000.0, "fit") == ", 0.0002 fit/s"

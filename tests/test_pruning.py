@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-from swift_fast.confidence import RunningConfidence, lowest_group, tail, token_confidence
-from swift_fast.pruning import (
+from swift_fast.rewards.confidence import RunningConfidence, lowest_group, tail, token_confidence
+from swift_fast.selection.pruning import (
     PruneConfig,
     PruneConfigError,
     replay,
@@ -55,7 +55,7 @@ def test_bad_settings_name_the_field(given, match):
 
 
 def test_command_line_settings_as_json_or_pairs():
-    from swift_fast.pruning import parse_text
+    from swift_fast.selection.pruning import parse_text
 
     assert parse_text("signal=confidence, keep=0.25,window=8") == PruneConfig(signal="confidence", keep=0.25, window=8)
     assert parse_text('{"warmup": 4, "every": 0}') == PruneConfig(warmup=4, every=0)
@@ -200,8 +200,8 @@ def _cand(gr, g, conf, correct, score):
 
 
 def test_replayed_outcome_counts_tokens_and_picks_among_the_unpruned_by_hand():
-    from swift_fast import prune_report as pr
-    from swift_fast.rollouts import Problem
+    from swift_fast.data.rollouts import Problem
+    from swift_fast.reports import pruning as pr
 
     # candidate 0 leads after 2 tokens but ends wrong with the best final score; 1 and 2 are pruned at 2
     p = Problem(id="p", candidates=[
@@ -226,7 +226,7 @@ def test_replayed_outcome_counts_tokens_and_picks_among_the_unpruned_by_hand():
 
 
 def test_recommend_and_equal_budget_pick_by_hand():
-    from swift_fast import prune_report as pr
+    from swift_fast.reports import pruning as pr
 
     def row(signal, frac, acc):
         return {"settings": {"signal": signal}, "token_fraction": frac, "accuracy": acc, "full_accuracy": 0.9}
@@ -241,8 +241,8 @@ def test_recommend_and_equal_budget_pick_by_hand():
 
 
 def test_random_baseline_keeps_the_policys_budget_and_picks_blindly():
-    from swift_fast import prune_report as pr
-    from swift_fast.rollouts import Problem
+    from swift_fast.data.rollouts import Problem
+    from swift_fast.reports import pruning as pr
 
     # two candidates of 4 tokens; the correct one has the lower final score, so only pruning can
     # change the pick: random ranks keep it in some draws, never in all

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from swift_fast import report
 from swift_fast.cli import main
-from swift_fast.datasets import DataError
-from swift_fast.rollouts import Problem, write_rollouts
+from swift_fast.data.datasets import DataError
+from swift_fast.data.rollouts import Problem, write_rollouts
+from swift_fast.reports import best_of_n as report
 
 NAN = math.nan
 
@@ -229,7 +229,7 @@ def test_figures_fit_their_titles(tmp_path):
     """A long title is wrapped inside the figure, never cut at its edges or widening the image."""
     from PIL import Image
 
-    from swift_fast import prune_report
+    from swift_fast.reports import pruning as prune_report
 
     long = "pruning during Best-of-N: lag (the solver reads the first term twice and stays one term behind)"
     c = report.gather(_demo_problems(), ["swift_score", "sar"], signals=True)
@@ -252,7 +252,7 @@ def test_figures_fit_their_titles(tmp_path):
 def test_a_long_title_is_wrapped_inside_the_figure(monkeypatch):
     """The title and subtitle's drawn extents lie within the figure; without the wrapping the same
     title runs past both edges (the check can fail)."""
-    from swift_fast import plotting
+    from swift_fast.reports import plotting
 
     long = ("pruning during Best-of-N: lag (the solver reads the first term twice and stays one term behind), "
             "200 held-out problems x 16 candidates")

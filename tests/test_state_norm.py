@@ -7,7 +7,7 @@ import pytest
 import torch
 from hf_fixtures import FAMILIES, tiny_model_dir
 
-from swift_fast.head import HeadError, SwiftHead
+from swift_fast.rewards.head import HeadError, SwiftHead
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: numpy inf/NaN

@@ -5,8 +5,8 @@ import os
 import pytest
 
 from swift_fast import load_dataset
+from swift_fast.data.templates import KIND_DEFAULTS, TEMPLATES, Template, get_template, render_prompt
 from swift_fast.grading import grade
-from swift_fast.templates import KIND_DEFAULTS, TEMPLATES, Template, get_template, render_prompt
 
 
 def test_registry_covers_the_papers_datasets():

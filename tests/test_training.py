@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from swift_fast.head import SwiftHead
+from swift_fast.rewards.head import SwiftHead
 from swift_fast.training import (
     GROUP_LOSSES,
     LOSSES,
@@ -475,8 +475,8 @@ class _Offset(Source):
 
 
 def test_standardised_features_by_hand_and_the_fold_gives_the_same_scores_on_raw_states():
-    from swift_fast.feature_scaling import ScaledSource, feature_scale, fold
     from swift_fast.training import score_examples
+    from swift_fast.training.scaling import ScaledSource, feature_scale, fold
 
     src = _Offset(48, seed=4)
     keys = list(range(32))

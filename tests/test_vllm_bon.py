@@ -13,7 +13,7 @@ pytest.importorskip("vllm")
 from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, Ref, make_head
 
 from swift_fast.cli import main
-from swift_fast.rollouts import read_rollouts
+from swift_fast.data.rollouts import read_rollouts
 from swift_fast.testing import build_tiny_model
 
 
@@ -100,8 +100,8 @@ def test_bon_cli_prune_compares_with_full_best_of_n_on_the_same_draws(tmp_path, 
     """`bon --prune`: the full run records per-token values, the pruned run (same per-problem seeds)
     samples the same tokens up to each pruning point, and the replay of the policy on the full run
     predicts the pruned run's tokens; pruned candidates are never picked."""
-    from swift_fast import prune_report
-    from swift_fast.pruning import PruneConfig
+    from swift_fast.reports import pruning as prune_report
+    from swift_fast.selection.pruning import PruneConfig
 
     # In-process engine core: every request is queued before the first step. A separate engine
     # process may start stepping while the requests still arrive, so a candidate can start a step

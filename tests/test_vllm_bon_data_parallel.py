@@ -16,8 +16,8 @@ pytest.importorskip("vllm")
 from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, Ref, make_head
 
 from swift_fast.cli import main
-from swift_fast.hf.data_parallel import cpu_binding
-from swift_fast.rollouts import read_rollouts
+from swift_fast.data.rollouts import read_rollouts
+from swift_fast.jobs.data_parallel import cpu_binding
 from swift_fast.testing import build_tiny_model
 
 pytestmark = [

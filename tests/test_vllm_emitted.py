@@ -265,7 +265,7 @@ def test_pruning_ranks_emitted_scores_at_each_threshold(qwen, signal, max_tokens
 
     from test_vllm_pruning import expected_decisions, lowest_window_mean, token_confidences
 
-    from swift_fast.pruning import PruneConfig
+    from swift_fast.selection.pruning import PruneConfig
 
     llm, head, ref = qwen
     cfg = PruneConfig(signal=signal, warmup=5, every=4, keep=0.5, min_keep=1, window=4)
@@ -332,7 +332,7 @@ def imported_head(model_dir, ckpt_path, seed):
     from test_import_head import _checkpoint
     from transformers import AutoConfig
 
-    from swift_fast.reference_heads import import_reference_checkpoint, read_final_norm_weight
+    from swift_fast.hf.reference_heads import import_reference_checkpoint, read_final_norm_weight
 
     cfg = AutoConfig.from_pretrained(model_dir)
     sd = _checkpoint(ckpt_path, (cfg.num_hidden_layers + 1) * cfg.hidden_size, seed=seed)

@@ -124,7 +124,7 @@ def test_pipeline_stages_under_torchrun_are_refused_naming_the_backend(tmp_path)
     the partial sums cannot travel; the check runs on a real config with those settings."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from swift_fast.head import HeadError
+    from swift_fast.rewards.head import HeadError
     from swift_fast.vllm_plugin.config import check_engine
 
     path = build_tiny_model("llama", tmp_path / "llama", num_layers=4)
@@ -146,7 +146,7 @@ def test_bon_with_pipeline_stages_scores_exactly(tmp_path, capfd, monkeypatch, v
     from test_vllm_plugin import ATOL, RTOL
 
     from swift_fast.cli import main
-    from swift_fast.rollouts import read_rollouts
+    from swift_fast.data.rollouts import read_rollouts
 
     path = build_tiny_model("llama", tmp_path / "llama", num_layers=4)
     head = make_head(path, layers=[0, 2, 4], seed=9)

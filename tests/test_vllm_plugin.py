@@ -24,7 +24,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from swift_fast.head import HeadError, SwiftHead
+from swift_fast.rewards.head import HeadError, SwiftHead
 from swift_fast.testing import build_tiny_model
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -663,7 +663,7 @@ def test_memory_stays_flat_over_many_requests(llama):
 
 # -- Qwen2: in-process engine core -------------------------------------------------------------
 def test_in_process_engine_scores_match_hf(qwen):
-    from swift_fast.files import sha256_of
+    from swift_fast.support.files import sha256_of
 
     llm, head, ref = qwen
     assert type(llm.llm_engine.engine_core).__name__ == "InprocClient"
@@ -769,7 +769,7 @@ def test_reference_agrees_with_direct_float64_computation(qwen):
 
 
 def test_front_end_sar_formula_is_the_library_one():
-    from swift_fast.sar import sar_from_means
+    from swift_fast.rewards.sar import sar_from_means
     from swift_fast.vllm_plugin.frontend import sar_value
 
     mq = torch.tensor([-1.0, -2.5, -0.1, -30.0, -0.5], dtype=torch.float64)
@@ -833,7 +833,7 @@ def check_half_precision_sar(path, tmp_path):
     logits) and the prompt log-probs of ``q0 + answer`` give the SAR the plugin reports."""
     from vllm import LLM, SamplingParams
 
-    from swift_fast.sar import sar_from_means
+    from swift_fast.rewards.sar import sar_from_means
 
     head = make_head(path, layers=[1, 2], seed=6)
     hp = str(tmp_path / "h.safetensors")

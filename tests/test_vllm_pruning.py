@@ -22,7 +22,7 @@ pytest.importorskip("vllm")
 
 from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, TEXTS, Ref, env, make_head, shutdown, sp, tokens
 
-from swift_fast.pruning import PruneConfig, PruneConfigError, threshold, to_prune
+from swift_fast.selection.pruning import PruneConfig, PruneConfigError, threshold, to_prune
 from swift_fast.testing import build_tiny_model
 
 DEFAULT = {"warmup": 6, "every": 6, "keep": 0.5, "min_keep": 1}
@@ -350,8 +350,8 @@ def test_a_traced_request_returns_each_tokens_values(engine):
     """``trace``: per-token ``g r``, ``g`` and confidence, against the reference; the replay of a
     policy on them predicts what the engine does with that policy on the same draws (a seeded
     request samples the same tokens whatever else runs)."""
-    from swift_fast.pruning import replay, running_swift
-    from swift_fast.scoring import token_scores
+    from swift_fast.rewards.scoring import token_scores
+    from swift_fast.selection.pruning import replay, running_swift
 
     llm, head, ref = engine
     p = ref.prompt(TEXTS[0])

@@ -54,7 +54,7 @@ from test_vllm_plugin import (
 )
 from test_vllm_pruning import _prune, check_group, ref_states, token_confidences
 
-from swift_fast.pruning import PruneConfig
+from swift_fast.selection.pruning import PruneConfig
 from swift_fast.testing import build_tiny_model, serve
 from swift_fast.vllm_plugin.diagnostics import plugin_state
 
@@ -245,7 +245,7 @@ def test_pruning_decisions_follow_the_policy_on_reference_values(llama, signal):
 
 
 def test_a_traced_request_returns_each_tokens_values(llama):
-    from swift_fast.scoring import token_scores
+    from swift_fast.rewards.scoring import token_scores
 
     llm, head, ref = llama
     p = ref.prompt(TEXTS[3])

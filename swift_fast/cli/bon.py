@@ -34,7 +34,7 @@ graded on its text). Progress counts candidates as they finish; vLLM's own outpu
 --prune [SETTINGS] also runs Best-of-N with the weakest candidates stopped while they are
 generated (the plugin's pruning; settings as JSON or key=value pairs: signal
 swift|confidence|combined, warmup, every, keep, min_keep, window; defaults in
-`swift_fast.pruning.PruneConfig`), on the same problems with the same per-problem seeds, into
+`swift_fast.selection.pruning.PruneConfig`), on the same problems with the same per-problem seeds, into
 <out>.pruned.jsonl. It reports both runs' generated tokens and vLLM wall time (both runs traced),
 BoN@N with the paired 95% interval of the difference, and <out>.prune.png: accuracy against
 tokens for a sweep of settings of every signal (SWIFT's running score, DeepConf's confidence,
@@ -93,12 +93,12 @@ def vllm_kwargs(pairs: list[str]) -> dict:
 
 
 def _engine_class():
-    from ..hf.collect import VLLMEngine
-    from ..pruning import PruneConfig
-    from ..report import trace_signals
+    from ..jobs.collect import VLLMEngine
+    from ..reports.best_of_n import trace_signals
+    from ..selection.pruning import PruneConfig
 
     class ScoredVLLMEngine(VLLMEngine):
-        """``swift_fast.hf.collect``'s vLLM engine with the plugin's scores kept on each candidate."""
+        """``swift_fast.jobs.collect``'s vLLM engine with the plugin's scores kept on each candidate."""
 
         name = "vllm+swift"
 
@@ -150,13 +150,13 @@ def default_out(data: str, n: int) -> str:
 
 
 def run(args) -> int:
-    from .. import report
-    from ..datasets import DataError, load_dataset
-    from ..engine_logs import quiet_engine
-    from ..head import HeadError, SwiftHead
-    from ..hf.collect import collect
-    from ..pruning import parse_text
-    from ..rollouts import read_rollouts
+    from ..data.datasets import DataError, load_dataset
+    from ..data.rollouts import read_rollouts
+    from ..jobs.collect import collect
+    from ..reports import best_of_n as report
+    from ..rewards.head import HeadError, SwiftHead
+    from ..selection.pruning import parse_text
+    from ..support.engine_logs import quiet_engine
     from ..vllm_plugin.surface import VllmSurfaceError
 
     if args.n < 1:
@@ -263,8 +263,8 @@ def _check_resumed(path: str, plugin_args: dict, what: str) -> None:
 
 def _prune_report(args, problems, pruned_out, ids, prune, seconds, pseconds, stats, pstats, base) -> dict:
     """Print and return the comparison of the pruned run with the full one, and plot the sweep."""
-    from .. import prune_report as pr
-    from ..rollouts import read_rollouts
+    from ..data.rollouts import read_rollouts
+    from ..reports import pruning as pr
 
     pruned = {p.id: p for p in read_rollouts(pruned_out) if p.id in ids}
     pruned_problems = [pruned[p.id] for p in problems if p.id in pruned]
@@ -272,7 +272,7 @@ def _prune_report(args, problems, pruned_out, ids, prune, seconds, pseconds, sta
         raise ValueError(f"{pruned_out}: {len(problems) - len(pruned_problems)} problems of the full run are missing")
     full = pr.outcome(problems, args.n, where=os.path.abspath(args.out or "rollouts"))
     measured = pr.compare(full, pr.outcome(pruned_problems, args.n, where=pruned_out), reps=args.bootstrap)
-    from ..head import SwiftHead
+    from ..rewards.head import SwiftHead
 
     alignment = SwiftHead.load(args.head).alignment  # an emitted head's decisions come a token later
     predicted = pr.compare(full, pr.replayed(problems, prune, args.n, alignment=alignment), reps=args.bootstrap)

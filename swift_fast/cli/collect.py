@@ -109,7 +109,7 @@ def parallel_kwargs(args, engine: str) -> dict:
 
 def collect_config(args):
     """The ``CollectConfig`` of the options ``add_generation_args`` added."""
-    from ..hf.collect import CollectConfig
+    from ..jobs.collect import CollectConfig
 
     return CollectConfig(
         n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
@@ -119,10 +119,10 @@ def collect_config(args):
 
 
 def run(args) -> int:
-    from ..datasets import DataError, load_dataset
-    from ..engine_logs import quiet_engine
-    from ..hf.collect import HFEngine, VLLMEngine, collect, vllm_available
+    from ..data.datasets import DataError, load_dataset
     from ..hf.features import UnsupportedModelError
+    from ..jobs.collect import HFEngine, VLLMEngine, collect, vllm_available
+    from ..support.engine_logs import quiet_engine
 
     try:
         engine_name = args.engine

@@ -90,7 +90,7 @@ def run(args) -> int:
             raise SystemExit(f"swift-fast demo {args.action}: {e}") from None
         return 0
     from ..demo.run import run_tasks
-    from ..engine_logs import quiet_engine
+    from ..support.engine_logs import quiet_engine
 
     out = args.out or "demo_out"
     try:

@@ -91,8 +91,8 @@ def trace_columns(problems) -> int:
     """The trivial selectors' columns of candidates that carry the plugin's per-token values but
     not the columns (rollouts written before ``bon`` recorded them), with the confidence window
     the run was pruned with, else the pruning default. Returns how many were filled."""
-    from ..pruning import PruneConfig
-    from ..report import trace_signals
+    from ..reports.best_of_n import trace_signals
+    from ..selection.pruning import PruneConfig
 
     done = 0
     for p in problems:
@@ -106,9 +106,9 @@ def trace_columns(problems) -> int:
 
 
 def run(args) -> int:
-    from .. import report
-    from ..datasets import DataError
-    from ..rollouts import read_rollouts
+    from ..data.datasets import DataError
+    from ..data.rollouts import read_rollouts
+    from ..reports import best_of_n as report
 
     stats: dict = {}
     try:

@@ -50,14 +50,14 @@ def add_parser(sub, name, help_):
 
 
 def run(args) -> int:
-    from ..head import HeadError
     from ..hf.features import UnsupportedModelError
+    from ..rewards.head import HeadError
 
     try:
         from transformers import AutoConfig
 
         from ..hf.loading import check_supported_config
-        from ..reference_heads import check_options, import_reference_checkpoint, read_final_norm_weight
+        from ..hf.reference_heads import check_options, import_reference_checkpoint, read_final_norm_weight
 
         layers = _layers_arg(args.layers)
         check_options(layers=layers, apply_norm=args.apply_norm, logits=args.logits)

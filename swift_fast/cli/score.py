@@ -63,10 +63,10 @@ def sar_contexts(problems) -> list[list[int]]:
 
 
 def run(args) -> int:
-    from ..datasets import DataError
-    from ..head import HeadError, SwiftHead
+    from ..data.datasets import DataError
+    from ..data.rollouts import RolloutWriter
     from ..hf.features import UnsupportedModelError
-    from ..rollouts import RolloutWriter
+    from ..rewards.head import HeadError, SwiftHead
 
     if os.path.abspath(args.out) == os.path.abspath(args.rollouts):
         print(

@@ -69,7 +69,7 @@ def vllm_argv(args) -> list[str]:
     if args.max_best_of_n is not None:
         section["max_best_of_n"] = args.max_best_of_n
     if getattr(args, "prune", None) is not None:
-        from ..pruning import parse_text
+        from ..selection.pruning import parse_text
 
         section["prune"] = parse_text(args.prune, "--prune").to_dict()
     PluginConfig.parse(section)  # bad combinations fail here, before vLLM starts
@@ -98,7 +98,7 @@ def vllm_argv(args) -> list[str]:
 
 
 def run(args) -> int:
-    from ..head import HeadError, SwiftHead
+    from ..rewards.head import HeadError, SwiftHead
 
     try:
         SwiftHead.load(args.head)  # unreadable head: fail before vLLM's start-up
@@ -108,7 +108,7 @@ def run(args) -> int:
         return 2
     if getattr(args, "verbose", True):
         return _serve(argv)
-    from ..engine_logs import StartupOutput
+    from ..support.engine_logs import StartupOutput
 
     host, port = _address(argv)
     out = StartupOutput(args.startup_log)
@@ -132,7 +132,7 @@ def run(args) -> int:
 def _serve(argv: list[str]) -> int:
     from vllm.entrypoints.cli.main import main as vllm_main
 
-    from ..head import HeadError
+    from ..rewards.head import HeadError
     from ..vllm_plugin.surface import VllmSurfaceError
 
     sys.argv = ["vllm", *argv]

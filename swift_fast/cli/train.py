@@ -69,8 +69,8 @@ examples:
 
 
 def add_parser(sub, name, help_):
-    from ..probe import DEFAULT_FOLDS, DEFAULT_LAMBDAS
     from ..training import LOSSES
+    from ..training.probe import DEFAULT_FOLDS, DEFAULT_LAMBDAS
 
     p = sub.add_parser(
         name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -128,9 +128,9 @@ def add_parser(sub, name, help_):
 
 
 def run(args) -> int:
-    from ..datasets import DataError
-    from ..head import HeadError
+    from ..data.datasets import DataError
     from ..hf.features import UnsupportedModelError
+    from ..rewards.head import HeadError
 
     try:
         from transformers import AutoConfig
@@ -150,7 +150,7 @@ def run(args) -> int:
             lambdas_of(args.lambdas)
             if args.folds < 2:
                 raise ValueError(f"--folds must be at least 2, got {args.folds}")
-            from ..probe import check_probe_split
+            from ..training.probe import check_probe_split
 
             notes.append(check_probe_split(balance, args.folds))
         for note in filter(None, notes):

@@ -13,8 +13,8 @@ import os
 
 import torch
 
-from .. import report
-from ..rollouts import read_rollouts, write_rollouts
+from ..data.rollouts import read_rollouts, write_rollouts
+from ..reports import best_of_n as report
 from .recipe import DEFAULT, Recipe
 
 KS = (1, 2, 4, 8, 16)

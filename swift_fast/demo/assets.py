@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..files import sha256_of
+from ..support.files import sha256_of
 
 _ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 ASSETS_DIR = os.path.join(_ROOT, "demo")

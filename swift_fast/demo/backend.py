@@ -92,8 +92,8 @@ class HFBackend:
     def __init__(self, model_dir: str, head_path: str, batch_prompts: int = 16):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from ..engine_logs import engine_starting
-        from ..head import SwiftHead
+        from ..rewards.head import SwiftHead
+        from ..support.engine_logs import engine_starting
 
         with engine_starting():
             self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -110,7 +110,7 @@ class HFBackend:
     ) -> list[list[dict]]:
         from ..hf.sar import sar_rewards
         from ..hf.scoring import swift_scores
-        from ..progress import phase
+        from ..support.progress import phase
 
         torch.manual_seed(sampling.seed)
         out = []
@@ -150,7 +150,7 @@ class VLLMBackend:
         from transformers import AutoTokenizer
         from vllm import LLM
 
-        from ..engine_logs import engine_starting
+        from ..support.engine_logs import engine_starting
 
         kwargs = dict(
             dtype="float32",
@@ -197,7 +197,7 @@ class VLLMBackend:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from ..progress import phase, vllm_progress
+        from ..support.progress import phase, vllm_progress
 
         def own(i):
             d = dict(plugin_args or {})

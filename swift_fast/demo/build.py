@@ -52,7 +52,7 @@ def collect_rollouts(
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..rollouts import Problem, write_rollouts
+    from ..data.rollouts import Problem, write_rollouts
     from .run import grade
 
     torch.set_num_threads(recipe.train.threads)

@@ -2,7 +2,7 @@
 trivial selectors' signals: length, mean token log-prob, DeepConf confidence), and its tokens
 coloured by ``g_t * r_t`` (gate times token reward), the ten highest in green and the ten lowest
 in red (SWIFT paper, Table 11). Token values come from the head applied offline to the same
-token ids (``swift_fast.hf.extract_features`` + ``swift_fast.scoring.token_scores``)."""
+token ids (``swift_fast.hf.extract_features`` + ``swift_fast.rewards.scoring.token_scores``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from ..rollouts import Problem
+from ..data.rollouts import Problem
 
 TOP = 10
 
@@ -31,7 +31,7 @@ tr.sel-swift td:first-child{border-left:4px solid #2a6ad8}
 def token_values(model, head, prompt_ids: list[int], responses: Sequence[list[int]]) -> list[torch.Tensor]:
     """``g_t * r_t`` of every scored token of each response: float32 ``[m_i]``."""
     from ..hf.features import extract_features
-    from ..scoring import token_scores
+    from ..rewards.scoring import token_scores
 
     if head.feature == "logits":
         states, cu = extract_features(model, [prompt_ids + r for r in responses], [len(prompt_ids)] * len(responses),

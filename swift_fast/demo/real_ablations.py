@@ -31,8 +31,8 @@ from typing import Sequence
 
 import torch
 
-from .. import report
-from ..rollouts import read_rollouts
+from ..data.rollouts import read_rollouts
+from ..reports import best_of_n as report
 from ..training import within_problem_auc
 
 KS = (1, 2, 4, 8, 16)
@@ -81,9 +81,9 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
     ``times.json`` names)."""
     from transformers import AutoModelForCausalLM
 
-    from ..head import SwiftHead
     from ..hf.loading import transformers_bars
     from ..hf.train import HFFeatureSource
+    from ..rewards.head import SwiftHead
     from ..training import Example, score_and_count, split_by_problem, train_head
 
     if model is None:
@@ -162,8 +162,8 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
             h = {"solver": "adamw", "layers": "all", "loss": "bce", "lr": 1e-4, "weight_decay": 1e-5, "gate": True,
                  "select": "auto", "standardize": True}
         h.update(change)
-        from ..head import resolve_layers
-        from ..probe import train_probe
+        from ..rewards.head import resolve_layers
+        from ..training.probe import train_probe
 
         layers = resolve_layers(h["layers"], num_layers)
         head = SwiftHead(model.config.hidden_size, layers, gate=h.get("gate", False), alignment="predicting")

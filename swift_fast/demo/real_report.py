@@ -76,7 +76,7 @@ def write_report(out: str) -> str:
                  f"top-p {rec.get('top_p')}, at most {rec.get('max_new_tokens')} new tokens.")
     head = os.path.join(out, "head.safetensors")
     if os.path.exists(head):
-        from ..head import SwiftHead
+        from ..rewards.head import SwiftHead
 
         prov = SwiftHead.load(head).provenance or {}
         d = prov.get("data", {})
@@ -138,7 +138,7 @@ def plot_curve(ablations: dict, path: str, title: str = "SWIFT on SmolLM2-135M-I
     """Held-out BoN@16 of the learning curve's heads against training problems, with the trivial
     selectors and the oracle as horizontal lines and each point's 95% interval of the
     difference to the best trivial selector drawn around it."""
-    from ..plotting import figure, save, titles
+    from ..reports.plotting import figure, save, titles
 
     curve = {int(k): v for k, v in ablations.get("curve", {}).items() if v}
     xs = sorted(curve)

@@ -4,7 +4,7 @@ For every test problem the backend samples N candidates (temperature 1.0, top-p 
 carrying its SWIFT score and SAR; the candidates are graded against the exact sum, the shipped
 model gives each its trivial signals on the same token ids (``swift_fast.hf.record_signals``:
 generated length, mean token log-prob, DeepConf confidence), and the Best-of-N table is built with
-``swift_fast.report`` (random choice, majority vote, longest, shortest, mean logprob, confidence
+``swift_fast.reports.best_of_n`` (random choice, majority vote, longest, shortest, mean logprob, confidence
 (lowest group) and (tail), SWIFT, SAR, SWIFT-weighted vote, SWIFT+SAR rank and scaled, oracle
 pass@k, 95% bootstrap intervals over problems). Outputs in ``out_dir``: ``rollouts.jsonl``,
 ``table.txt``, ``table.json``, ``bon.png`` and ``candidates.html``.
@@ -21,10 +21,10 @@ from dataclasses import asdict
 
 import torch
 
-from .. import report
-from ..confidence import TOP_K
-from ..pruning import PruneConfig
-from ..rollouts import Problem, write_rollouts
+from ..data.rollouts import Problem, write_rollouts
+from ..reports import best_of_n as report
+from ..rewards.confidence import TOP_K
+from ..selection.pruning import PruneConfig
 from . import assets as A
 from . import task as T
 from .backend import Sampling, make_backend
@@ -80,9 +80,9 @@ def graded_text(problems: list[Problem]) -> str:
 
 
 def task_table(problems: list[Problem], ks=KS, reps: int = 2000) -> tuple[report.Table, dict]:
-    """One task's Best-of-N table and summary (:func:`swift_fast.report.selection_summary`, at
+    """One task's Best-of-N table and summary (:func:`swift_fast.reports.best_of_n.selection_summary`, at
     ``k = max(ks)``) from its graded problems (candidates carrying ``swift_score``, ``sar`` and,
-    when computed, the :data:`swift_fast.report.SIGNAL_FIELDS`). :func:`summary_text` renders
+    when computed, the :data:`swift_fast.reports.best_of_n.SIGNAL_FIELDS`). :func:`summary_text` renders
     the summary."""
     c = report.gather(problems, ["swift_score", "sar"], n=max(ks), signals=True)
     rows = report.standard_selectors("swift_score", sar="sar", trivial=report.trivial_selectors(c))
@@ -220,10 +220,10 @@ def run_tasks(out_dir: str = "demo_out", roots: dict[str, str] | None = None, pr
 def prune_run(be, problems: list[Problem], sampling: Sampling, contexts, cfg: PruneConfig | None, out_dir: str,
               progress: bool = True, log=print, title: str = "") -> dict:
     """Pruning on a traced full run (``problems``): the sweep of settings replayed on its per-token
-    values (and the setting :func:`swift_fast.prune_report.recommend` picks), then, with ``cfg``,
+    values (and the setting :func:`swift_fast.reports.pruning.recommend` picks), then, with ``cfg``,
     Best-of-N again on the same problems with that pruning during generation (same per-prompt
     seeds: the same draws up to each pruning point), compared with the full run; ``prune.png``."""
-    from .. import prune_report as pr
+    from ..reports import pruning as pr
 
     n = sampling.n
     full = pr.outcome(problems, n)
@@ -275,7 +275,7 @@ def prune_run(be, problems: list[Problem], sampling: Sampling, contexts, cfg: Pr
 def prune_text(d: dict) -> str:
     """The pruning summary: settings, tokens, time, accuracy, the signals at equal budget, and
     the setting the sweep recommends."""
-    from .. import prune_report as pr
+    from ..reports import pruning as pr
 
     lines = []
     if "measured" in d:
@@ -305,7 +305,7 @@ def _settings(d: dict) -> str:
 def _load_model(model_dir: str):
     from transformers import AutoModelForCausalLM
 
-    from ..engine_logs import engine_starting
+    from ..support.engine_logs import engine_starting
 
     with engine_starting():  # transformers' loading bar is not the demo's output
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -332,7 +332,7 @@ def add_signals(model, problems: list[Problem], window: int = CONF_WINDOW) -> di
 
 
 def _html(problems, model, head_path, tok, path, summary):
-    from ..head import SwiftHead
+    from ..rewards.head import SwiftHead
     from .html import render, token_values
 
     head = SwiftHead.load(head_path)

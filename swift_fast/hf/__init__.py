@@ -1,5 +1,6 @@
 """Hugging Face transformers integration: exact features, offline and generate-time SWIFT
-scoring, rollout collection, head training and SAR (with TRL and VERL adapters).
+scoring, head training and SAR (with TRL and VERL adapters). Rollout collection, which drives vLLM
+or transformers, is a job: ``swift_fast.jobs.collect``.
 
 Supported models: Llama, Qwen2, Qwen3 and Mistral causal LMs (``...ForCausalLM``). Names load
 on first use, so ``import swift_fast.hf`` does not import transformers.
@@ -16,7 +17,6 @@ on first use, so ``import swift_fast.hf`` does not import transformers.
                                (the trivial selectors' columns; ``record_signals`` on rollouts)
 ``trl_sar_reward``             SAR as a TRL ``GRPOTrainer`` reward function
 ``train_from_rollouts``        train a head on graded rollouts, features recomputed per batch
-``collect``                    sample, grade and write rollouts (vLLM or transformers)
 ``load_model``                 model + tokenizer for the command line, architecture checked first
 =============================  ==================================================================
 """
@@ -42,22 +42,28 @@ _EXPORTS = {
     "candidate_signals": "signals",
     "record_signals": "signals",
     "Signals": "signals",
-    "trl_sar_reward": "adapters",
-    "verl_question_removed_batch": "adapters",
-    "verl_sar_reward": "adapters",
-    "verl_token_level": "adapters",
+    "trl_sar_reward": "rl_adapters",
+    "verl_question_removed_batch": "rl_adapters",
+    "verl_sar_reward": "rl_adapters",
+    "verl_token_level": "rl_adapters",
     "train_from_rollouts": "train",
     "HFFeatureSource": "train",
     "rollout_sequences": "rollout_data",
-    "collect": "collect",
-    "CollectConfig": "collect",
     "load_model": "loading",
 }
+
+#: names that moved with the jobs (kept for one release, with a DeprecationWarning)
+_MOVED = {"collect": "swift_fast.jobs.collect", "CollectConfig": "swift_fast.jobs.collect"}
 
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
+    if name in _MOVED:
+        from .._compat import moved_warning
+
+        moved_warning(f"swift_fast.hf.{name}", f"{_MOVED[name]}.{name}")
+        return getattr(importlib.import_module(_MOVED[name]), name)
     mod = _EXPORTS.get(name)
     if mod is None:
         raise AttributeError(f"module 'swift_fast.hf' has no attribute {name!r}")

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..head import ALIGNMENT, ALIGNMENTS, LOGITS_LAYER
+from ..rewards.head import ALIGNMENT, ALIGNMENTS, LOGITS_LAYER
 
 #: ``config.model_type`` -> family name, for the architectures whose layout is checked here.
 SUPPORTED_MODEL_TYPES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}
@@ -345,7 +345,7 @@ def extract_features(
         ``(states, cu_seqlens)``: ``k`` tensors ``[N, d]`` (the model's dtype unless ``dtype`` is
         given; ``[N, V]`` for logits) in the order of ``layers``, and int64 ``[B+1]``.
     """
-    from ..head import resolve_layers
+    from ..rewards.head import resolve_layers
 
     parts = decoder_parts(model)
     seqs = as_token_lists(sequences)

@@ -43,8 +43,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..head import ALIGNMENT, SwiftHead
 from ..kernels.streaming import finish_, scores_from_state
+from ..rewards.head import ALIGNMENT, SwiftHead
 from .features import decoder_parts, state_hooks, state_indices
 from .projection import Projector
 from .scoring import check_head

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..datasets import DataError
-from ..rollouts import Problem, iter_rollouts
+from ..data.datasets import DataError
+from ..data.rollouts import Problem, iter_rollouts
 
 
 def _ids(value, where: str, what: str, fix: str) -> list[int]:

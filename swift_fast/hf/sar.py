@@ -1,11 +1,11 @@
 """Self-aligned reward (SAR) with a Hugging Face causal LM (DESIGN 2; SAR paper Eq. 8-9).
 
 Two passes over each response ``a``: after its own prompt (question kept) and after ``q0``, the
-same prompt with the question removed (:mod:`swift_fast.sar_context`: from the prompt's own chat
+same prompt with the question removed (:mod:`swift_fast.rewards.sar_context`: from the prompt's own chat
 messages, from an explicit context, or the BOS default for a raw prompt). The response's
 positions follow the prompt in each pass (contiguous from 0), as in the SAR reference. Both
 passes go through :func:`response_logprobs` (no ``[T, V]`` logits) and combine in
-:func:`swift_fast.sar.sar_reward`.
+:func:`swift_fast.rewards.sar.sar_reward`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import math
 import torch
 from torch import nn
 
-from ..sar import sar_reward
-from ..sar_context import (
+from ..rewards.sar import sar_reward
+from ..rewards.sar_context import (
     CHAT,
     DEFAULT,
     REQUEST,
@@ -129,7 +129,7 @@ def sar_rewards(
         chat_template_kwargs: template arguments of message-list prompts (and of their ``q0``).
         return_logprobs: also return ``(logp_q[T], logp_q0[T], cu_seqlens[B+1])`` (rows without a
             context hold NaN in ``logp_q0``).
-    An empty response gets 0 (no evidence either way; ``swift_fast.sar``); a response whose
+    An empty response gets 0 (no evidence either way; ``swift_fast.rewards.sar``); a response whose
     ``q0`` is empty (a raw prompt, no context, no BOS token) gets NaN.
     """
     p_ids = prompt_token_ids(tokenizer, prompts, chat_template_kwargs)

@@ -15,8 +15,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..head import SwiftHead
 from ..kernels.streaming import finish_, scores_from_state
+from ..rewards.head import SwiftHead
 from .features import (
     as_token_lists,
     check_spans,

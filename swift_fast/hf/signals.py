@@ -8,9 +8,9 @@ token for ``j = 1``: the distribution ``r_j`` was sampled from). They go through
 ``row_chunks`` at a time, so at most one ``[chunk, V]`` block of float32 logits exists at once:
 
 - ``log P(r_j)`` under the model's own distribution (no temperature), averaged per candidate;
-- DeepConf's token confidence ``C_j`` (``swift_fast.confidence.token_confidence``, top ``k``),
+- DeepConf's token confidence ``C_j`` (``swift_fast.rewards.confidence.token_confidence``, top ``k``),
   reduced per candidate to the lowest group and the tail over ``window`` tokens
-  (``swift_fast.confidence.lowest_group`` / ``tail``).
+  (``swift_fast.rewards.confidence.lowest_group`` / ``tail``).
 
 A candidate without response tokens has ``num_tokens`` 0 and NaN for the other three (recorded
 as ``None``, JSON ``null``, on rollout candidates): a missing value is never a plausible number.
@@ -25,8 +25,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .. import confidence
-from ..rollouts import Problem
+from ..data.rollouts import Problem
+from ..rewards import confidence
 from .features import (
     as_token_lists,
     check_spans,
@@ -38,7 +38,7 @@ from .features import (
     scored_rows,
 )
 
-#: the candidate fields :func:`record_signals` writes (read by ``swift_fast.report``)
+#: the candidate fields :func:`record_signals` writes (read by ``swift_fast.reports.best_of_n``)
 FIELDS = ("num_tokens", "mean_logprob", "conf_lowest", "conf_tail")
 
 

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..files import sha256_of
-from ..head import SwiftHead, model_fingerprint, resolve_layers
+from ..rewards.head import SwiftHead, model_fingerprint, resolve_layers
+from ..support.files import sha256_of
 from ..training import (
     DEFAULT_ALPHA,
     GROUP_LOSSES,
@@ -358,7 +358,7 @@ class HFFeatureSource:
         many tokens as these); returns how many were computed. Without a cache, nothing."""
         if self.cache is None:
             return 0
-        from ..progress import phase
+        from ..support.progress import phase
 
         todo = self.cache.missing(range(len(self.sequences)))
         if not todo:
@@ -473,7 +473,7 @@ def train_from_rollouts(
 
     ``solver``: ``"adamw"``, the paper's epoch loop (``swift_fast.training.train_head``: every
     loss, gated or not); ``"probe"``, the ungated head fitted as a logistic regression on mean
-    states (``swift_fast.probe``: BCE only, strength from ``lambdas`` by ``folds``-fold
+    states (``swift_fast.training.probe``: BCE only, strength from ``lambdas`` by ``folds``-fold
     cross-validation over the training problems, then refitted on training and validation
     candidates). ``gate``: None takes the solver's (gated for adamw, ungated for the probe).
 
@@ -530,7 +530,7 @@ def train_from_rollouts(
         logprob_keys=[e.key for e in sp.val],
     )
     if solver == "probe":
-        from ..probe import DEFAULT_FOLDS, DEFAULT_LAMBDAS, train_probe
+        from ..training.probe import DEFAULT_FOLDS, DEFAULT_LAMBDAS, train_probe
 
         # one pass over the features: a cache is filled only when asked for, in the same pass
         result = train_probe(head, source, sp.train, sp.val, lams=tuple(lambdas or DEFAULT_LAMBDAS),

@@ -23,14 +23,7 @@ import torch
 
 from ._dispatch import HAVE_TRITON, device_guard, native_module, next_pow2, resolve, row_major, same_device, tl, triton
 from .swift_reduce import segment_sums
-from .token_logprobs import (
-    BLOCK_V,
-    NUM_STAGES,
-    NUM_WARPS,
-    check_inputs,
-    choose_split,
-    token_logprobs_reference,
-)
+from .token_logprobs import BLOCK_V, NUM_STAGES, NUM_WARPS, check_inputs, choose_split, token_logprobs_reference
 
 #: Rows of a segment reduced per iteration when its answer's SAR is combined.
 BLOCK_R = 256

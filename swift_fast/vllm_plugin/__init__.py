@@ -48,7 +48,7 @@ Data path (vLLM 0.32-0.33, whichever model runner vLLM selects)
    ``emitted`` head, its last-state pass, :mod:`.last_state`), then releases it;
    each request's question-removed context comes from :mod:`.contexts` (its own chat rendered
    with the question emptied, an explicit context, or the BOS default).
-6. Pruning (:mod:`.pruning`, policy in :mod:`swift_fast.pruning`): with a ``prune`` setting
+6. Pruning (:mod:`.pruning`, policy in :mod:`swift_fast.selection.pruning`): with a ``prune`` setting
    (engine default or per request), the candidates of a request with ``n > 1`` are ranked by
    their running SWIFT score (or DeepConf's confidence, or both) as they are generated, and the
    weakest are stopped: finished in the front end as a stop string finishes a request, with
@@ -119,7 +119,7 @@ def _configured(vllm_config):
 # -- front end: start-up checks ---------------------------------------------------------------
 def prepare_config(vllm_config) -> None:
     """Validate the configured head against the model and pin its digest into the config."""
-    from ..files import sha256_of
+    from ..support.files import sha256_of
     from .config import KEY, check_engine, plugin_config
 
     cfg = plugin_config(vllm_config)
@@ -156,7 +156,7 @@ def _version() -> str:
 
 
 def warn_costly_last_state(vllm_config, head) -> None:
-    from ..head import ALIGNMENT
+    from ..rewards.head import ALIGNMENT
 
     if ALIGNMENT[head.alignment].extra_forward and not vllm_config.cache_config.enable_prefix_caching:
         logger.warning(
@@ -309,7 +309,7 @@ def _wrap_runner_classes(v2: bool) -> None:
                 out = orig(self, *args, **kwargs)
                 cfg = _configured(self.vllm_config)
                 if cfg is not None and getattr(self, "_swift_fast", None) is None:
-                    from .adapters import install_on_runner, runner_kind
+                    from .runner_adapters import install_on_runner, runner_kind
                     from .surface import check_surface
 
                     check_surface(runner_kind(self))  # this worker's runner's symbols, before any is hooked

@@ -9,7 +9,7 @@ Keys:
 ``sar_context`` (default ``null``: the tokenizer's BOS token)
     the question-removed context ``q0`` of a raw prompt (``LLM.generate``, ``/v1/completions``)
     that brings none of its own: token ids, or text taken exactly as written (no special tokens
-    added). Chat requests never use it (:mod:`swift_fast.sar_context`).
+    added). Chat requests never use it (:mod:`swift_fast.rewards.sar_context`).
 ``select`` (default ``"swift"``)
     what server-side Best-of-N (``"best_of_n": N`` in a request body) ranks by: ``"swift"``,
     ``"sar"``, ``"rank"`` or ``"scaled"`` (the two combinations of SWIFT and SAR).
@@ -20,7 +20,7 @@ Keys:
 ``prune`` (default ``null``: no pruning)
     the engine's default pruning of a request's candidates while they are generated (scored
     requests with ``n > 1``): ``true`` for the defaults, or an object of
-    :class:`swift_fast.pruning.PruneConfig` settings (:mod:`.pruning`).
+    :class:`swift_fast.selection.pruning.PruneConfig` settings (:mod:`.pruning`).
 
 Per request (``SamplingParams.extra_args``; ``vllm_xargs`` in an OpenAI request cannot carry a
 dict, so the server also takes the flat keys in brackets):
@@ -36,7 +36,7 @@ dict, so the server also takes the flat keys in brackets):
   values, ``CompletionOutput.swift_trace = {"gate_reward": [...], "gate": [...], "confidence":
   [...], "logprob": [...]}`` (``g_t r_t``, ``g_t``, DeepConf's token confidence and, with SAR
   on, the token's log-prob; one entry per token of ``token_ids``, on the final output): what
-  replaying a pruning policy offline (``swift_fast.pruning.replay``) and the trivial selectors need.
+  replaying a pruning policy offline (``swift_fast.selection.pruning.replay``) and the trivial selectors need.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..head import HeadError, SwiftHead
-from ..pruning import PruneConfig, PruneConfigError
+from ..rewards.head import HeadError, SwiftHead
+from ..selection.pruning import PruneConfig, PruneConfigError
 
 #: key of the plugin's section in ``VllmConfig.additional_config`` and in ``SamplingParams.extra_args``
 KEY = "swift_fast"
@@ -204,7 +204,7 @@ def check_same_head(vllm_config: Any, head_path: str) -> None:
     """Raise ``HeadError`` when the head file a worker is about to load is not the one the front
     end checked (its sha256, pinned into the config at start-up): on several nodes each engine
     reads the path from its own disk, and another file there would score with other weights."""
-    from ..files import sha256_of
+    from ..support.files import sha256_of
 
     section = section_of(vllm_config)
     want = section.get("_head_sha256") if isinstance(section, Mapping) else None

@@ -1,5 +1,5 @@
 """Front end: each request's SAR question-removed context ``q0`` (the rule and its three sources,
-``chat``, ``request`` and ``default``, are in :mod:`swift_fast.sar_context`).
+``chat``, ``request`` and ``default``, are in :mod:`swift_fast.rewards.sar_context`).
 
 Chat requests. ``LLM.chat`` and the OpenAI chat endpoint both render conversations through the
 engine's renderer (``render_chat`` / ``render_chat_async``). With SAR on, the engine's renderer
@@ -32,7 +32,7 @@ import asyncio
 import logging
 from typing import Any
 
-from ..sar_context import (
+from ..rewards.sar_context import (
     CHAT,
     DEFAULT,
     REQUEST,

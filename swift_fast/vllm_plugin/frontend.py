@@ -79,8 +79,8 @@ import types
 from typing import Any
 
 from ..definitions import GATE_EPS
-from ..head import ALIGNMENT
-from ..sar_context import DEFAULT
+from ..rewards.head import ALIGNMENT
+from ..rewards.sar_context import DEFAULT
 from . import last_state, transport
 from .config import SCORE, PluginConfig, request_kind, trace_requested
 from .contexts import context_of
@@ -428,7 +428,7 @@ class FrontEnd:
 
     def _start_sar(self, rs, acc: Accumulator, answer: list[int]) -> None:
         if not answer:
-            acc.sar = 0.0  # no answer token: no evidence either way (swift_fast.sar)
+            acc.sar = 0.0  # no answer token: no evidence either way (swift_fast.rewards.sar)
             return
         context = acc.context or {"ids": None, "source": DEFAULT, "why": "no question-removed context"}
         q0 = context["ids"]
@@ -637,7 +637,7 @@ def _refused_while_paused(eco) -> bool:
 
 
 def sar_value(mean_with_question: float, mean_without_question: float) -> float:
-    """``swift_fast.sar.sar_from_means`` on two Python floats, in float64 on the host: it runs once
+    """``swift_fast.rewards.sar.sar_from_means`` on two Python floats, in float64 on the host: it runs once
     per finished candidate in the front end's loop, where building tensors costs more than the math."""
     return min(1.0, max(-1.0, -math.expm1(mean_without_question - mean_with_question)))
 

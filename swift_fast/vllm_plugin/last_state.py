@@ -41,7 +41,7 @@ prompt embeddings (the pass sends token ids only), a pass the engine refused. A 
 stopped by pruning or aborted gets no pass: its partial ``swift_score`` covers its tokens but the
 last, and ``swift_tokens`` says so. Pruning ranks an emitted head's candidates on their scores over
 ``t`` tokens once those exist, that is when token ``t + 1`` has been sampled
-(:func:`swift_fast.pruning.signal_lag`, which the offline replay applies too).
+(:func:`swift_fast.selection.pruning.signal_lag`, which the offline replay applies too).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 vLLM gives its logger ``vllm`` a stream handler in each of its processes (API server, engine
 core, workers): on ``VLLM_LOGGING_STREAM``, in a format that names the process and its pid, at
 ``VLLM_LOGGING_LEVEL``, not propagating. The plugin logs under ``swift_fast.vllm_plugin``
-instead, so that a job that quiets vLLM to its errors (:func:`swift_fast.engine_logs.quiet_vllm_logs`)
+instead, so that a job that quiets vLLM to its errors (:func:`swift_fast.support.engine_logs.quiet_vllm_logs`)
 still shows the plugin's warnings. Left alone, that logger has no handler: Python's last-resort
 handler prints its warnings unformatted and drops its INFO lines -- the head, the runner and
 adapter a worker installed, the surface check -- in exactly the processes a server operator reads.

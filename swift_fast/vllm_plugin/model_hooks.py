@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..head import HeadError, SwiftHead
+from ..rewards.head import HeadError, SwiftHead
 
 ACC = "_swift_fast_acc"
 W_IN = "_swift_fast_w_in"

@@ -1,4 +1,4 @@
-"""Pruning a request's candidates while vLLM generates them (the policy: :mod:`swift_fast.pruning`).
+"""Pruning a request's candidates while vLLM generates them (the policy: :mod:`swift_fast.selection.pruning`).
 
 Settings. ``additional_config["swift_fast"]["prune"]`` is the engine default (applied to every
 scored request with ``n > 1``; ``n = 1`` requests are left alone); a request sets its own with
@@ -6,7 +6,7 @@ scored request with ``n > 1``; ``n = 1`` requests are left alone); a request set
 (``vllm_xargs`` cannot carry an object): ``swift_fast_prune`` (true/false) and
 ``swift_fast_prune_<setting>``; the server also takes a ``"prune"`` body field beside
 ``best_of_n``. Settings a request leaves out come from the engine default, else from
-:class:`~swift_fast.pruning.PruneConfig`'s defaults. They are checked in ``process_inputs``
+:class:`~swift_fast.selection.pruning.PruneConfig`'s defaults. They are checked in ``process_inputs``
 (wrapped on the engine's ``InputProcessor``), so a bad setting is an error before anything is
 queued (a 400 on the server), and pruning asked of a request with ``n = 1`` is refused there. The
 resolved settings ride in the request's own (cloned) ``extra_args`` under :data:`RESOLVED`, so the
@@ -18,11 +18,11 @@ Groups. vLLM fans a request with ``n > 1`` out into child requests that share on
 references). A server ``best_of_n`` request is such a request. Each step, after vLLM's
 ``OutputProcessor`` has appended the step's tokens (so stop strings and finished candidates are
 already known), every group that received values is checked: when all of its running, started
-members have reached the next decision's token count ``t``, :func:`swift_fast.pruning.to_prune`
+members have reached the next decision's token count ``t``, :func:`swift_fast.selection.pruning.to_prune`
 ranks them by their signal *at exactly* ``t`` tokens (kept when each crossed ``t``: the same
-float64 sums that become ``swift_score``, or :class:`~swift_fast.confidence.RunningConfidence`),
+float64 sums that become ``swift_score``, or :class:`~swift_fast.rewards.confidence.RunningConfidence`),
 so a candidate that ran ahead of a sibling started or preempted later is compared on equal
-terms, and the decisions are those :func:`swift_fast.pruning.replay` takes on the same tokens.
+terms, and the decisions are those :func:`swift_fast.selection.pruning.replay` takes on the same tokens.
 
 Stopping a candidate. It is finished in the front end exactly as vLLM finishes a request on a
 stop string: its final ``CompletionOutput`` is made now (the tokens so far, the partial
@@ -42,9 +42,9 @@ import math
 import weakref
 from typing import Any
 
-from ..confidence import RunningConfidence
 from ..definitions import GATE_EPS
-from ..pruning import FIELDS, PruneConfig, PruneConfigError, threshold, to_prune
+from ..rewards.confidence import RunningConfidence
+from ..selection.pruning import FIELDS, PruneConfig, PruneConfigError, threshold, to_prune
 from .config import KEY, SCORE, is_internal_pass, request_kind
 
 logger = logging.getLogger("swift_fast.vllm_plugin")

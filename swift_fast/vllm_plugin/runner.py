@@ -64,9 +64,9 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from ..confidence import token_confidence
-from ..head import ALIGNMENT, SwiftHead
 from ..kernels.streaming import finish_, project_layer_
+from ..rewards.confidence import token_confidence
+from ..rewards.head import ALIGNMENT, SwiftHead
 from . import model_hooks, pipeline
 from .config import LAST_STATE, SAR_PASS, SCORE, SKIP, PluginConfig, request_kind, trace_requested
 from .pruning import wants_confidence

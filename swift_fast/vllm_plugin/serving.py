@@ -79,7 +79,7 @@ def select_best(fields: list[dict], how: str) -> int:
     candidate only when every candidate was pruned."""
     import torch
 
-    from .. import bon
+    from ..selection import bon
 
     finished = [i for i, f in enumerate(fields) if not f.get("swift_pruned")]
     if finished and len(finished) < len(fields):
@@ -136,7 +136,7 @@ def _best_of_n(serving, request, fe) -> tuple[int | None, str | None]:
 def _move_prune(request, fe, n: int) -> str | None:
     """The ``prune`` body field into flat ``vllm_xargs`` keys (``vllm_xargs`` cannot carry an
     object); the error message when a setting is bad or the request has one candidate."""
-    from ..pruning import PruneConfig, PruneConfigError
+    from ..selection.pruning import PruneConfig, PruneConfigError
     from .pruning import FLAT, resolve
 
     extra = getattr(request, "model_extra", None) or {}
@@ -170,7 +170,7 @@ class _Params:
 def _move_sar_context(request, fe) -> str | None:
     """The ``sar_context`` body field into ``vllm_xargs`` (which reach ``SamplingParams.extra_args``);
     the error message when it is malformed or SAR is off."""
-    from ..sar_context import ContextError
+    from ..rewards.sar_context import ContextError
     from .contexts import FLAT
 
     extra = getattr(request, "model_extra", None) or {}

@@ -4,7 +4,7 @@ What travels (:class:`Values`, one record per request and step, named once here 
 name on both sides): the contribution of the one token the request sampled this step,
 ``(g * r, g, 1)``, with SAR ``(log p(token), 1)``, and for a request pruned by DeepConf's
 confidence (signals ``confidence`` and ``combined``) or traced, the token's confidence
-(:mod:`swift_fast.confidence`); for a SAR question-removed pass, on the
+(:mod:`swift_fast.rewards.confidence`); for a SAR question-removed pass, on the
 step that completes its prefill, the sum and count of the answer's log-probs over all its
 chunks. The runner fills a float32 ``[rows, NCOLS]`` tensor whose column ``COL.<name>`` holds
 field ``<name>``.

@@ -1,7 +1,7 @@
 """Math grading in persistent worker processes, each answer under a deadline.
 
 math-verify bounds its own work with ``signal.alarm``, which works only on the main thread of
-the main interpreter, so :mod:`swift_fast.math_judge` turns those timeouts off and
+the main interpreter, so :mod:`swift_fast.grading.math_judge` turns those timeouts off and
 :mod:`swift_fast.grading` grades math answers here instead: a few persistent worker
 processes, started with ``subprocess`` rather than ``multiprocessing`` (so grading also works
 inside daemonic ``multiprocessing`` workers, which may not have children, and from any
@@ -10,7 +10,7 @@ is killed and replaced.
 
 Kept apart from :mod:`swift_fast.grading` because importing it registers process-wide fork and
 exit handlers (a forked child forgets its parent's workers; exit stops them): only code that
-grades math with a deadline imports it. It judges with :mod:`swift_fast.math_judge` and never
+grades math with a deadline imports it. It judges with :mod:`swift_fast.grading.math_judge` and never
 imports :mod:`swift_fast.grading`.
 """
 
@@ -58,7 +58,7 @@ def serve() -> None:
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from swift_fast.math_workers import serve; serve()"
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from swift_fast.grading.math_workers import serve; serve()"
 
 
 class _WorkerFailed(RuntimeError):

@@ -61,7 +61,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from .head import HeadError, SwiftHead, model_fingerprint, resolve_layers
+from ..rewards.head import HeadError, SwiftHead, model_fingerprint, resolve_layers
 
 TOOL = "swift-fast import-head"
 REFERENCE_REPO = "aster2024/SWIFT"
@@ -320,8 +320,8 @@ def import_reference_checkpoint(
         head.weight.copy_(w32)
         head.bias.copy_(b32)
     head.bind_model(config, name=model_name)
-    from . import __version__
-    from .files import sha256_of
+    from .. import __version__
+    from ..support.files import sha256_of
 
     head.provenance = {
         "created_by": TOOL,
@@ -393,7 +393,7 @@ def read_final_norm_weight(model: str | os.PathLike, key: str = FINAL_NORM_KEY) 
 
 def _check_norm(norm_weight, config, d: int, model: str) -> tuple[torch.Tensor, float]:
     """``(g, eps)`` of the model's final RMSNorm, checked."""
-    from .hf.features import SUPPORTED_MODEL_TYPES
+    from .features import SUPPORTED_MODEL_TYPES
 
     mt = config.get("model_type") if isinstance(config, Mapping) else getattr(config, "model_type", None)
     if mt not in SUPPORTED_MODEL_TYPES:

@@ -50,9 +50,9 @@ from typing import Callable, Protocol, Sequence
 import torch
 import torch.nn.functional as F
 
-from .head import HeadError, SwiftHead
-from .kernels.swift_reduce import swift_reduce_reference
-from .progress import phase
+from ..kernels.swift_reduce import swift_reduce_reference
+from ..rewards.head import HeadError, SwiftHead
+from ..support.progress import phase
 
 LOSSES = ("bce", "hinge", "dpo", "infonca", "nca")
 #: what picks the kept epoch (``train_head(select=...)``)
@@ -287,7 +287,7 @@ class TrainResult:
     baselines: dict = field(default_factory=dict)
     #: what picked the kept epoch ("loss" or "pairs"; ``select="auto"`` resolved)
     select: str = "loss"
-    #: the probe's fit (``swift_fast.probe.train_probe``): strengths, the chosen one, refit; empty
+    #: the probe's fit (``swift_fast.training.probe.train_probe``): strengths, the chosen one, refit; empty
     #: for the epoch loop
     fit: dict = field(default_factory=dict)
 
@@ -774,7 +774,7 @@ def train_head(
     improvement of the same figure; ``result.select`` is the figure used.
 
     ``standardize``: train on states centred and scaled per (state, dimension) over the training
-    tokens (``swift_fast.feature_scaling``; one extra pass over the training features), and fold
+    tokens (``swift_fast.training.scaling``; one extra pass over the training features), and fold
     that scaling into the returned head, which reads raw states like any other.
 
     Seeded: ``seed`` fixes the initial weights (when ``init``) and the batch order, so a run is
@@ -830,7 +830,7 @@ def train_head(
         warnings.warn(little, LabelShareWarning, stacklevel=2)
     scale = None
     if standardize:
-        from .feature_scaling import ScaledSource, feature_scale
+        from .scaling import ScaledSource, feature_scale
 
         scale = feature_scale(source, [e.key for e in train])
         source = ScaledSource(source, scale)
@@ -908,7 +908,7 @@ def train_head(
         )
     head.load_state_dict(best_state)
     if scale is not None:
-        from .feature_scaling import fold
+        from .scaling import fold
 
         with torch.no_grad():
             w, b = fold(head.weight, head.bias, scale)

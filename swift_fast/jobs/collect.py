@@ -1,6 +1,6 @@
 """Rollout collection: N sampled candidates per problem, graded, written as a rollout file.
 
-Prompts are the dataset's template (``swift_fast.templates``) rendered with the model's chat
+Prompts are the dataset's template (``swift_fast.data.templates``) rendered with the model's chat
 template and the generation prompt, as token ids. Sampling follows the SWIFT paper: temperature
 1.0, top-p 0.9, at most 1024 new tokens. Each candidate keeps its token ids as generated (end
 of turn included when it was generated), its text, extracted answer and correctness.
@@ -13,7 +13,7 @@ the same engine and batch layout; vLLM's per-request seeds make its draws indepe
 batching).
 
 Each problem also records ``sar_context_token_ids``: SAR's question-removed prompt, the same
-messages with the question emptied and rendered the same way (``swift_fast.sar_context``). The
+messages with the question emptied and rendered the same way (``swift_fast.rewards.sar_context``). The
 vLLM engine hands it to the plugin with every request, and ``swift-fast score --sar`` reads it
 back, so in-engine and offline SAR condition on the same context by construction.
 
@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..rollouts import Problem, RolloutWriter
+from ..data.rollouts import Problem, RolloutWriter
 
 PAPER_SAMPLING = {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 1024}
 
@@ -69,8 +69,8 @@ def vllm_available() -> bool:
 def render(tokenizer, example, template=None, system=None) -> tuple[str, list[int], list[int]]:
     """``(prompt text, prompt token ids, question-removed prompt token ids)`` of an example:
     template, then the chat template."""
-    from ..sar_context import chat_context_ids, chat_ids
-    from ..templates import render_prompt
+    from ..data.templates import render_prompt
+    from ..rewards.sar_context import chat_context_ids, chat_ids
 
     msgs = render_prompt(example, template=template, system=system)
     text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
@@ -90,7 +90,7 @@ class HFEngine:
         pass
 
     def eos_ids(self) -> list[int]:
-        from .generate import _eos_ids
+        from ..hf.generate import _eos_ids
 
         gc = getattr(self.model, "generation_config", None)
         ids = _eos_ids(getattr(gc, "eos_token_id", None))
@@ -99,8 +99,8 @@ class HFEngine:
     def generate(
         self, prompts: list[list[int]], seeds: list[int], cfg: CollectConfig, contexts=None, bar=None
     ) -> list[list[dict]]:
-        """``bar``: a :func:`swift_fast.progress.phase` counting candidates as they finish."""
-        from .generate import response_lengths
+        """``bar``: a :func:`swift_fast.support.progress.phase` counting candidates as they finish."""
+        from ..hf.generate import response_lengths
 
         dev = self.model.device
         eos = self.eos_ids()
@@ -154,7 +154,7 @@ class VLLMEngine:
     def __init__(self, model: str, dtype: str = "auto", seed: int = 0, **kwargs):
         from vllm import LLM
 
-        from ..engine_logs import engine_starting
+        from ..support.engine_logs import engine_starting
         from .data_parallel import DataParallelLLM, cpu_ranks_bound
 
         cuda = torch.cuda.is_available()
@@ -204,10 +204,10 @@ class VLLMEngine:
         self, prompts: list[list[int]], seeds: list[int], cfg: CollectConfig, contexts=None, bar=None
     ) -> list[list[dict]]:
         """``contexts``: each prompt's question-removed prompt ids, for the plugin's SAR pass;
-        ``bar``: a :func:`swift_fast.progress.phase` counting candidates as vLLM finishes them."""
+        ``bar``: a :func:`swift_fast.support.progress.phase` counting candidates as vLLM finishes them."""
         from vllm import SamplingParams
 
-        from ..progress import vllm_progress
+        from ..support.progress import vllm_progress
 
         def plugin(i):
             own = dict(cfg.plugin_args)
@@ -295,7 +295,7 @@ def collect(
         "candidates": 0,
         "correct": 0,
     }
-    from ..progress import phase
+    from ..support.progress import phase
 
     bar = phase(f"{desc} ({engine.name})", total=len(todo) * cfg.n, unit="candidate", enabled=progress)
     sampling = {

@@ -3,7 +3,7 @@
 Kinds of answer:
 
 - ``math``: math-verify, gold first: ``verify(parse(reference), parse(response))``, with the
-  project's rules around it (:mod:`swift_fast.math_judge`): a ``\\boxed{}`` answer wins over
+  project's rules around it (:mod:`swift_fast.grading.math_judge`): a ``\\boxed{}`` answer wins over
   other expressions in the response (the last one; boxes listed together, "\\boxed{3},
   \\boxed{5}", are one set of answers to math-verify); plain-text answers ("The answer is
   1,000") are read too. Thousands separators (``1,000``, ``1\\,000``) are understood. The
@@ -43,7 +43,7 @@ are never cut off.
 Timeouts. math-verify bounds its own work with ``signal.alarm``, which only works on the main
 thread of the main interpreter. Here those timeouts are always off (``parsing_timeout=None``,
 ``timeout_seconds=None``) and math answers are graded in a few persistent worker processes
-instead (:mod:`swift_fast.math_workers`): a result that is later than ``timeout`` seconds counts
+instead (:mod:`swift_fast.grading.math_workers`): a result that is later than ``timeout`` seconds counts
 as wrong (no answer), and the worker is killed and replaced. ``timeout=None`` grades in the
 calling process with no limit. The other kinds are plain text rules and run in-process.
 """
@@ -57,7 +57,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from .definitions import CHOICE_LETTERS, KINDS
+from ..definitions import CHOICE_LETTERS, KINDS
 from .math_judge import Judgement, boxed_spans, default_workers, is_placeholder, judge_safe, unwrap_text
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def extract_answer(
     math-verify's parse and are put in one form where that is cheap (``\\frac{6}{5}``, ``6/5``
     and ``1.2`` all give ``"6/5"``; ``1,000`` and ``1000`` give ``"1000"``; ``x = 5`` and
     ``2 + 3 = 5`` give ``"5"``); letters are upper case; booleans are ``"yes"`` / ``"no"``.
-    Placeholders and words read as math give None (:mod:`swift_fast.math_judge`).
+    Placeholders and words read as math give None (:mod:`swift_fast.grading.math_judge`).
     """
     return extract_many(
         [response], kind, timeout=timeout, workers=1, finish_reasons=[finish_reason], truncation=truncation
@@ -552,7 +552,7 @@ def _judge_text(op: str, kind: str, response: str, ref) -> Judgement:
 
 
 # --------------------------------------------------------------------------------------------
-# math answers (rules in swift_fast.math_judge)
+# math answers (rules in swift_fast.grading.math_judge)
 
 
 def _run_math(op: str, items: list[tuple[str, str | None]], timeout: float | None, workers: int) -> list[Judgement]:

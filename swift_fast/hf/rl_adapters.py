@@ -18,7 +18,7 @@ TRL (``GRPOTrainer``)
     responses are ``completion_ids``: nothing is re-tokenised from decoded text. SAR's
     question-removed prompt of a conversational prompt is the same messages with the last user
     message emptied. A text prompt has no question boundary: give a ``sar_context`` dataset column
-    (token ids or text, per row), else it gets the BOS default (``swift_fast.sar_context``), and
+    (token ids or text, per row), else it gets the BOS default (``swift_fast.rewards.sar_context``), and
     the reward refuses to run when that does not exist either.
 
 VERL (``RayPPOTrainer``)
@@ -26,7 +26,7 @@ VERL (``RayPPOTrainer``)
     ``actor_rollout_wg.compute_log_prob(batch)``; SAR needs one more call of the same function on
     the question-removed batch built here, then combines the two::
 
-        from swift_fast.hf.adapters import verl_question_removed_batch, verl_sar_reward, verl_token_level
+        from swift_fast.hf.rl_adapters import verl_question_removed_batch, verl_sar_reward, verl_token_level
 
         # after: old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
         # (data.return_raw_chat=True keeps each row's chat messages in non_tensor_batch["raw_prompt"])
@@ -47,7 +47,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..sar import sar_from_means
+from ..rewards.sar import sar_from_means
 from .sar import question_removed_contexts, response_token_ids, sar_rewards
 
 
@@ -125,7 +125,7 @@ def verl_question_removed_batch(
         messages: ``B`` chat conversations the prompts were rendered from (VERL's ``raw_prompt``
             with ``data.return_raw_chat=True``): ``q0`` is each with its last user message emptied.
         contexts: instead, ``B`` question-removed contexts (token ids). With neither, every row
-            gets the BOS default (``swift_fast.sar_context``).
+            gets the BOS default (``swift_fast.rewards.sar_context``).
     Returns:
         ``prompts [B, P0]`` (each row's ``q0``, left-padded as VERL pads prompts), ``responses``,
         ``input_ids [B, P0+R]``, ``attention_mask``, ``position_ids`` (contiguous from 0 on the

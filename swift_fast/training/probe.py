@@ -32,10 +32,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .feature_scaling import STD_FLOOR, FeatureScale, fold
-from .head import HeadError, SwiftHead
-from .progress import phase
-from .training import (
+from ..rewards.head import HeadError, SwiftHead
+from ..support.progress import phase
+from . import (
     TrainResult,
     baselines_of,
     check_label_balance,
@@ -45,6 +44,7 @@ from .training import (
     whole_balance,
     within_problem_auc,
 )
+from .scaling import STD_FLOOR, FeatureScale, fold
 
 #: L2 strengths tried (on the mean BCE of standardised pooled states), strongest first
 DEFAULT_LAMBDAS = (1.0, 0.3, 0.1, 3e-2, 1e-2, 3e-3, 1e-3)
@@ -228,7 +228,7 @@ def train_probe(head: SwiftHead, source, train: list, val: list, lams: Sequence[
     import sys
     import warnings
 
-    from .training import LabelShareWarning
+    from . import LabelShareWarning
 
     check_probe_head(head)
     if not train:
@@ -243,7 +243,7 @@ def train_probe(head: SwiftHead, source, train: list, val: list, lams: Sequence[
     if progress:
         from tqdm.auto import tqdm
 
-        from .training import describe_balance
+        from . import describe_balance
 
         tqdm.write(f"training split:   {describe_balance(balance['train'])}", file=sys.stderr)
         tqdm.write(f"validation split: {describe_balance(balance['val'])}", file=sys.stderr)

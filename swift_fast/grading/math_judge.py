@@ -1,6 +1,6 @@
 """Math answers: math-verify set up for this project, what a response states, and the verdict.
 
-:mod:`swift_fast.grading` (the public API, in-process grading) and :mod:`swift_fast.math_workers`
+:mod:`swift_fast.grading` (the public API, in-process grading) and :mod:`swift_fast.grading.math_workers`
 (the deadline-bound worker processes) both judge math answers with this module; it imports
 neither of them.
 

@@ -14,9 +14,9 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-from . import bon
-from .datasets import DataError
-from .rollouts import Problem
+from ..data.datasets import DataError
+from ..data.rollouts import Problem
+from ..selection import bon
 
 
 @dataclass
@@ -112,7 +112,7 @@ def _number(c: dict, key: str, p: Problem, i: int, loc: str) -> float:
 
 #: Per-candidate fields of the trivial intrinsic selectors (written by
 #: ``swift_fast.hf.record_signals``): generated token count, mean token log-prob under the
-#: model's own distribution, DeepConf's lowest-group and tail confidence (``swift_fast.confidence``).
+#: model's own distribution, DeepConf's lowest-group and tail confidence (``swift_fast.rewards.confidence``).
 SIGNAL_FIELDS = ("num_tokens", "mean_logprob", "conf_lowest", "conf_tail")
 
 #: The trivial selectors' rows: name -> (column, sign); the highest ``sign * value`` wins.
@@ -136,7 +136,7 @@ def trace_signals(c: dict, window: int) -> bool:
     """Write a candidate's :data:`SIGNAL_FIELDS` from its ``swift_trace``: the same quantities
     ``swift_fast.hf.record_signals`` computes with a second forward, here free. ``mean_logprob``
     needs the trace's ``logprob`` (SAR on). Whether all four were written."""
-    from .confidence import lowest_group, tail
+    from ..rewards.confidence import lowest_group, tail
 
     tr = c.get("swift_trace")
     if not isinstance(tr, dict):

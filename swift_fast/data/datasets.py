@@ -19,7 +19,7 @@ format       fields of a row                              reference, kind
 
 A malformed row raises ``DataError`` naming the file and line, what is wrong and how to fix it;
 with ``skip_bad=True`` it is skipped and counted in ``stats["skipped"]`` (reasons in
-``stats["errors"]``), as ``swift_fast.rollouts`` does for rollout files.
+``stats["errors"]``), as ``swift_fast.data.rollouts`` does for rollout files.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
 
-from .definitions import CHOICE_LETTERS, KINDS
+from ..definitions import CHOICE_LETTERS, KINDS
 
 T = TypeVar("T")
 

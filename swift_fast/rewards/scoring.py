@@ -6,8 +6,8 @@ from typing import Sequence, Tuple
 
 import torch
 
+from ..kernels.swift_reduce import Layer, gate_and_reward, project_reference, swift_reduce
 from .head import SwiftHead
-from .kernels.swift_reduce import Layer, gate_and_reward, project_reference, swift_reduce
 
 
 def _check_layers(layers: Sequence[Layer], head: SwiftHead) -> None:

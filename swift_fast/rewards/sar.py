@@ -2,7 +2,7 @@
 
 ``ppl(a|q) = exp(-mean_j log P(a_j | q, a_<j))`` and ``ppl(a) = exp(-mean_j log P(a_j | q0, a_<j))``
 with ``q0`` the generation's own prompt with only the user's question removed
-(:mod:`swift_fast.sar_context`).
+(:mod:`swift_fast.rewards.sar_context`).
 ``R_SA = clip((ppl(a) - ppl(a|q)) / ppl(a), -1, 1)``.
 
 Empty answer: the mean over no tokens is taken as 0, so its perplexity is 1 under both
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from .definitions import DEFAULT_SYSTEM_PROMPT
+from ..definitions import DEFAULT_SYSTEM_PROMPT
 
 # The fused entry points are the kernels' own functions, public here beside the reference math.
-from .kernels.sar_from_logits import mean_logprob, sar_from_logits, sar_from_means, sar_reference
-from .kernels.token_logprobs import token_logprobs
-from .kernels.token_logprobs_from_hidden import token_logprobs_from_hidden
+from ..kernels.sar_from_logits import mean_logprob, sar_from_logits, sar_from_means, sar_reference
+from ..kernels.token_logprobs import token_logprobs
+from ..kernels.token_logprobs_from_hidden import token_logprobs_from_hidden
 
 __all__ = [
     "DEFAULT_ALPHA",

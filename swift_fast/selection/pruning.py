@@ -13,7 +13,7 @@ Signals (higher is better):
     the candidate's running SWIFT score: the head's gated mean over the tokens generated so far
     (DESIGN 2, the same sums as the final score, which it becomes when the candidate finishes).
 ``confidence``
-    DeepConf's lowest group confidence so far (:mod:`swift_fast.confidence`): the minimum over
+    DeepConf's lowest group confidence so far (:mod:`swift_fast.rewards.confidence`): the minimum over
     sliding windows of ``window`` tokens of the mean top-20 token confidence; the baseline.
 ``combined``
     both, by the SWIFT paper's rank combination: each candidate's rank under either signal (0
@@ -45,7 +45,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
-from .definitions import GATE_EPS
+from ..definitions import GATE_EPS
 
 SIGNALS = ("swift", "confidence", "combined")
 #: settings of a :class:`PruneConfig`, in the order ``--help`` and error messages list them
@@ -210,8 +210,8 @@ def running_swift(gate_reward: Sequence[float], gate: Sequence[float], eps: floa
 
 
 def running_confidence(conf: Sequence[float], window: int) -> list[float]:
-    """The lowest group confidence after each token (:class:`swift_fast.confidence.RunningConfidence`)."""
-    from .confidence import RunningConfidence
+    """The lowest group confidence after each token (:class:`swift_fast.rewards.confidence.RunningConfidence`)."""
+    from ..rewards.confidence import RunningConfidence
 
     r = RunningConfidence(window)
     out = []
@@ -234,7 +234,7 @@ def signal_lag(cfg: PruneConfig, alignment: str = "predicting") -> int:
     """Tokens a candidate has generated past ``t`` when its signal over ``t`` tokens is known: 1 for
     the SWIFT score of an ``emitted`` head (a token's states come with the next token) in the
     ``swift`` and ``combined`` signals, else 0."""
-    from .head import ALIGNMENT
+    from ..rewards.head import ALIGNMENT
 
     return int(ALIGNMENT[alignment].extra_forward and cfg.signal != "confidence")
 

@@ -6,7 +6,7 @@ picked only when every candidate of its problem was); the difference to full BoN
 over problems with a percentile bootstrap interval (``report.bootstrap_ci``). Cost is generated
 tokens, summed over all candidates, pruned ones up to where they stopped.
 
-The sweep replays :func:`swift_fast.pruning.replay` on the candidates of a full run that carry
+The sweep replays :func:`swift_fast.selection.pruning.replay` on the candidates of a full run that carry
 their per-token values (``swift_trace``: a run with ``trace`` on). With per-request seeds, a
 pruned run samples the same tokens as the full run up to each pruning point (on the CPU; on a
 GPU another batch make-up can change the logits' last bits, and with them a draw now and then),
@@ -24,11 +24,11 @@ from typing import Sequence
 
 import torch
 
-from . import bon
-from .datasets import DataError
-from .pruning import SIGNALS, PruneConfig, replay, running_confidence, running_swift, signal_lag
-from .report import bootstrap_ci
-from .rollouts import Problem
+from ..data.datasets import DataError
+from ..data.rollouts import Problem
+from ..selection import bon
+from ..selection.pruning import SIGNALS, PruneConfig, replay, running_confidence, running_swift, signal_lag
+from .best_of_n import bootstrap_ci
 
 #: The sweep's baseline rows: the same policy ranking on a fresh random draw at every decision (the
 #: mean over :data:`RANDOM_DRAWS` draws): what any signal has to beat at its token budget.
