@@ -628,8 +628,8 @@ def test_memory_stays_flat_over_many_requests(llama):
     """No per-token or per-request state outlives its request, in the front end or the worker:
     what swift-fast's own code holds (tracemalloc) does not grow from one round of 64 candidates
     (and their 64 SAR passes) to the next."""
+    from swift_fast.vllm_plugin.accumulator import Accumulator
     from swift_fast.vllm_plugin.diagnostics import plugin_state, traced_bytes
-    from swift_fast.vllm_plugin.frontend import Accumulator
 
     llm, head, ref = llama
     eng = llm.llm_engine
@@ -723,7 +723,7 @@ def test_aborted_request_does_not_disturb_the_others(qwen):
 
 def test_a_missing_score_is_none_not_a_number(qwen):
     """A score covers every token of its output or it is None: never a plausible number."""
-    from swift_fast.vllm_plugin.frontend import Accumulator
+    from swift_fast.vllm_plugin.accumulator import Accumulator
     from swift_fast.vllm_plugin.transport import Values
 
     llm, head, ref = qwen
@@ -770,7 +770,7 @@ def test_reference_agrees_with_direct_float64_computation(qwen):
 
 def test_front_end_sar_formula_is_the_library_one():
     from swift_fast.rewards.sar import sar_from_means
-    from swift_fast.vllm_plugin.frontend import sar_value
+    from swift_fast.vllm_plugin.passes import sar_value
 
     mq = torch.tensor([-1.0, -2.5, -0.1, -30.0, -0.5], dtype=torch.float64)
     m0 = torch.tensor([-1.5, -2.0, -9.0, -0.2, -0.5], dtype=torch.float64)

@@ -274,8 +274,8 @@ def test_preemption_and_prefix_caching_with_pruning_stay_exact(engine):
 
 
 def test_many_rounds_of_pruned_groups_leave_nothing_behind(engine):
+    from swift_fast.vllm_plugin.accumulator import Accumulator
     from swift_fast.vllm_plugin.diagnostics import traced_bytes
-    from swift_fast.vllm_plugin.frontend import Accumulator
     from swift_fast.vllm_plugin.pruning import Group
 
     llm, head, ref = engine

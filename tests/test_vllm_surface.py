@@ -38,6 +38,7 @@ from swift_fast.vllm_plugin.surface import SURFACE, Symbol, VllmSurfaceError  # 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(REPO, "swift_fast")
 PLUGIN = os.path.join(PACKAGE, "vllm_plugin")
+SURFACE_DIR = os.path.join(PLUGIN, "surface")
 VLLM_SOURCE = os.path.dirname(vllm.__file__)
 #: the GPU wheel of another version, unpacked (Python files only), when present beside the checkout
 #: other vLLM source trees to check the table against (e.g. an unpacked GPU wheel's ``vllm`` folder:
@@ -105,7 +106,7 @@ def test_select_keeps_other_runners_out():
 
 # -- (c) a removed or renamed symbol ------------------------------------------------------------------
 def _refused(monkeypatch, *records: Symbol, runner=None) -> VllmSurfaceError:
-    monkeypatch.setattr(surface, "SURFACE", records)
+    monkeypatch.setattr(surface.table, "SURFACE", records)
     surface.clear_cache()
     with pytest.raises(VllmSurfaceError) as info:
         surface.check_surface(runner, sides=surface.SIDES)
@@ -172,14 +173,14 @@ def test_instance_attributes_resolve_without_instances():
         Symbol("vllm.model_executor.models.llama", "LlamaModel.layers", "attribute", "read"),  # behind a decorator
     )
     for sym in records:
-        assert surface._problem(sym) is None, sym
+        assert surface.runtime._problem(sym) is None, sym
 
 
 def test_platform_modules_are_checked_only_where_they_import(monkeypatch):
-    here = "cpu" if surface._on_platform("cpu") else "cuda"
+    here = "cpu" if surface.runtime._on_platform("cpu") else "cuda"
     other = "cuda" if here == "cpu" else "cpu"
     elsewhere = Symbol("vllm.v1.worker.no_such_runner", "", "module", "import", side="worker", platform=other)
-    monkeypatch.setattr(surface, "SURFACE", (elsewhere,))
+    monkeypatch.setattr(surface.table, "SURFACE", (elsewhere,))
     surface.check_surface("v1")  # another platform's module: skipped here
     err = _refused(monkeypatch, Symbol("vllm.v1.worker.no_such_runner", "", "module", "import", side="worker",
                                        platform=here), runner="v1")
@@ -187,8 +188,8 @@ def test_platform_modules_are_checked_only_where_they_import(monkeypatch):
 
 
 def test_optional_symbols_do_not_fail(monkeypatch):
-    monkeypatch.setattr(surface, "SURFACE", (Symbol("vllm.envs", "__getattr__.no_such_cache", "attribute", "call",
-                                                    optional=True),))
+    monkeypatch.setattr(surface.table, "SURFACE", (Symbol("vllm.envs", "__getattr__.no_such_cache", "attribute", "call",
+                                                          optional=True),))
     surface.check_surface()
 
 
@@ -205,7 +206,7 @@ def test_installed_source_tree_matches_the_table():
 
 
 def test_source_check_finds_what_is_gone(monkeypatch):
-    monkeypatch.setattr(surface, "SURFACE", (
+    monkeypatch.setattr(surface.table, "SURFACE", (
         Symbol("vllm.v1.core.sched.scheduler", "Scheduler.update_from_outputs", "method", "wrap"),
         Symbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.discard_request_masks", "attribute", "read"),
         Symbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sample", "method", "wrap",
@@ -388,10 +389,10 @@ def defined_by_swift_fast() -> set[str]:
                 out |= _class_body_names(node)
                 for fn in node.body:
                     if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        out |= surface._self_assigned(fn)
+                        out |= surface.source._self_assigned(fn)
         for node in tree.body:
             if isinstance(node, (ast.Assign, ast.AnnAssign)):
-                out.update(surface._target_names(node))
+                out.update(surface.source._target_names(node))
     return out
 
 
@@ -399,7 +400,7 @@ def _class_body_names(cls: ast.ClassDef) -> set[str]:
     out = set()
     for node in cls.body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            names = surface._target_names(node)
+            names = surface.source._target_names(node)
             out.update(names)
             if "__slots__" in names and node.value is not None:
                 out.update(_str(e) for e in getattr(node.value, "elts", []) if _str(e))
@@ -431,7 +432,7 @@ def ordinary_names() -> set[str]:
         out.update(dir(k))
         init = getattr(k, "__init__", None)
         if isinstance(init, types.FunctionType):  # attributes their constructors set (nn.Module._buffers)
-            out |= surface._stores_in(init.__code__)
+            out |= surface.runtime._stores_in(init.__code__)
     return out
 
 
@@ -459,9 +460,9 @@ def _names_of(cls: type) -> set[str]:
         if isinstance(ann, dict):
             out.update(ann)
         for member in vars(klass).values():
-            for code in surface._codes_of(member):
-                out |= surface._stores_in(code)
-    out |= set(surface._declared_fields(cls))
+            for code in surface.runtime._codes_of(member):
+                out |= surface.runtime._stores_in(code)
+    out |= set(surface.runtime._declared_fields(cls))
     return out
 
 
@@ -483,8 +484,8 @@ def package_uses() -> list[tuple[str, Uses, bool]]:
     out = []
     for path in _package_files():
         source = _read(path)
-        # surface.py handles ast, dis and inspect objects; the vLLM names it uses are its table's
-        touches = _touches_vllm(path, source) and path != surface.__file__
+        # the surface package handles ast, dis and inspect objects; the vLLM names it uses are its table's
+        touches = _touches_vllm(path, source) and not path.startswith(SURFACE_DIR + os.sep)
         out.append((path, collect(source, path), touches))
     return out
 
@@ -534,15 +535,15 @@ def uses():
 def test_the_table_lists_every_vllm_name_the_package_uses(uses):
     missing = missing_from_table(uses)
     assert not missing, (
-        "vLLM names used in swift_fast that swift_fast/vllm_plugin/surface.py does not list (add a record):\n  "
+        "vLLM names used in swift_fast that swift_fast/vllm_plugin/surface/table.py does not list (add a record):\n  "
         + "\n  ".join(missing)
     )
 
 
 def test_the_walk_sees_the_plugin_and_its_callers(uses):
     touching = {os.path.relpath(p, PACKAGE) for p, _, t in uses if t}
-    for f in ("vllm_plugin/runner_v1.py", "vllm_plugin/frontend.py", "hf/collect.py", "demo/backend.py",
-              "hf/data_parallel.py", "cli/serve.py"):
+    for f in ("vllm_plugin/runner_v1.py", "vllm_plugin/frontend.py", "jobs/engine.py", "demo/backend.py",
+              "jobs/data_parallel.py", "cli/serve.py"):
         assert f in touching
     by_file = {os.path.relpath(p, PACKAGE): u for p, u, _ in uses}
     assert "_sample" in by_file["vllm_plugin/runner_v1.py"].attrs
@@ -559,7 +560,7 @@ def _new_vllm_attribute() -> str:
     """A real instance attribute of the V1 runner that the table does not list."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    unused = sorted(surface._self_stores(GPUModelRunner, "__init__") - table_names() - ordinary_names()
+    unused = sorted(surface.runtime._self_stores(GPUModelRunner, "__init__") - table_names() - ordinary_names()
                     - defined_by_swift_fast())
     assert "uses_mrope" in unused
     return "uses_mrope"
@@ -595,7 +596,7 @@ def test_new_imports_keywords_modules_and_variables_are_reported():
 
 
 def _surface_code_without_table() -> str:
-    source = _read(surface.__file__)
+    source = _read(surface.table.__file__)
     tree = ast.parse(source)
     return "\n".join(ast.get_source_segment(source, n) or "" for n in tree.body
                      if not (isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "SURFACE"))
@@ -603,9 +604,10 @@ def _surface_code_without_table() -> str:
 
 def test_every_record_is_used():
     """The table keeps no symbol nobody uses: each record's last name occurs in the package (as an
-    attribute, import, string or keyword; surface.py's own code counts, its table does not), except
+    attribute, import, string or keyword; the surface package's own code counts, its table does not), except
     classes whose instances the plugin receives and extends or subclasses without naming them."""
-    sources = "\n".join(_read(p) for p in _package_files() if p != surface.__file__) + _surface_code_without_table()
+    table_file = surface.table.__file__
+    sources = "\n".join(_read(p) for p in _package_files() if p != table_file) + _surface_code_without_table()
     unused = [s.qualname for s in SURFACE if s.kind not in ("module", "env") and s.use not in ("extend", "subclass")
               and not re.search(r"\b%s\b" % re.escape(s.name.split(".")[-1]), sources)]
     assert not unused, f"records whose name swift_fast never uses: {unused}"

@@ -16,7 +16,8 @@ Data path (vLLM 0.32-0.33, whichever model runner vLLM selects)
 1. Start-up (front end, ``create_engine_config``): the head is loaded and checked against the
    model (``SwiftHead.check_model``: an error names head and model), speculative decoding,
    micro-batching and torchrun's pipeline stages are refused (:func:`.config.check_engine`), every
-   vLLM symbol the plugin relies on is checked (:mod:`.surface`), and the head file's
+   vLLM symbol the plugin relies on is checked (:mod:`.surface`: the table in
+   :mod:`.surface.table`, checked by :mod:`.surface.runtime`), and the head file's
    digest is written into the config, so vLLM's compile cache (keyed on ``additional_config``)
    never reuses a graph built for another head. The plugin runs on the model runner vLLM
    selects -- Model Runner V2 (the GPU default) or the V1 runner -- and never changes that choice
@@ -29,12 +30,14 @@ Data path (vLLM 0.32-0.33, whichever model runner vLLM selects)
    is kept: extra memory is O(max batched tokens) + O(max sequences). Under pipeline parallelism
    each stage projects the states of its own layers and its partial sums travel to the next
    stage with the hidden states (:mod:`.pipeline`); the last stage holds every token's sum.
-3. Step (:mod:`.runner`, one core; :mod:`.runner_v1` and :mod:`.runner_v2` tell it, through each
-   runner's own seams, which rows sample for which request, the logits before the sampler, the
-   sampled tokens and where the output is): rows that sample a kept token get a slot, ``finish_`` gates and sums their
-   projection, and the step's per-request values (one token's ``g r``, ``g`` and, with SAR, the
-   sampled token's log-prob under the model's unprocessed distribution, :mod:`.sar_worker`)
-   ride on the ``ModelRunnerOutput``. The worker holds no score state across steps, and the
+3. Step (:mod:`.runner`, one core; the model-runner adapters :mod:`.runner_v1` and
+   :mod:`.runner_v2` tell it, through each runner's own seams, which rows sample for which
+   request, the logits before the sampler, the sampled tokens and where the output is;
+   :mod:`.runner_adapters` picks the adapter when the runner has loaded its model): rows that
+   sample a kept token get a slot, ``finish_`` gates and sums their projection, and the step's
+   per-request values (one token's ``g r``, ``g`` and, with SAR, the sampled token's log-prob
+   under the model's unprocessed distribution, :mod:`.sar_worker`) ride on the
+   ``ModelRunnerOutput``. The worker holds no score state across steps, and the
    step never waits for the device (index uploads through :mod:`.staging`).
 4. Engine core (:mod:`.transport`, which also names the values' fields; :mod:`.scheduling`
    puts the front end's passes at the head of the waiting queue): after
@@ -43,11 +46,12 @@ Data path (vLLM 0.32-0.33, whichever model runner vLLM selects)
    object in-process, msgpack over ZMQ in multiprocess mode.
 5. Front end (:mod:`.frontend`, wraps the engine's ``OutputProcessor``): the values are popped
    (users never see the key) and summed per request exactly for the tokens appended to the
-   output; ``CompletionOutput`` gets ``swift_score``, ``swift_tokens`` and ``sar``. SAR holds a
-   finished candidate back, runs its question-removed pass through the engine (and, for an
-   ``emitted`` head, its last-state pass, :mod:`.last_state`), then releases it;
-   each request's question-removed context comes from :mod:`.contexts` (its own chat rendered
-   with the question emptied, an explicit context, or the BOS default).
+   output (:mod:`.accumulator`); ``CompletionOutput`` gets ``swift_score``, ``swift_tokens`` and
+   ``sar`` (:mod:`.output_hooks`). SAR holds a finished candidate back, runs its question-removed
+   pass through the engine (and, for an ``emitted`` head, its last-state pass, :mod:`.last_state`),
+   then releases it (:mod:`.passes`); each request's question-removed context comes from
+   :mod:`.contexts` (its own chat rendered with the question emptied, an explicit context, or
+   the BOS default).
 6. Pruning (:mod:`.pruning`, policy in :mod:`swift_fast.selection.pruning`): with a ``prune`` setting
    (engine default or per request), the candidates of a request with ``n > 1`` are ranked by
    their running SWIFT score (or DeepConf's confidence, or both) as they are generated, and the

@@ -10,8 +10,8 @@ adapter a worker installed, the surface check -- in exactly the processes a serv
 
 :func:`configure`, called by :func:`swift_fast.vllm_plugin.register` in every process, gives
 that logger a handler that writes each record as vLLM's own handler would, with its formatter
-and to its stream (``(EngineCore pid=...) INFO ... [adapters.py:47] swift-fast: ...``). vLLM
-configures its logging after the plugins load in some processes and again later in others
+and to its stream (``(EngineCore pid=...) INFO ... [runner_adapters.py:43] swift-fast: ...``).
+vLLM configures its logging after the plugins load in some processes and again later in others
 (``configure_logging`` from each process's ``LoggingConfig``), so the handler looks vLLM's up
 when it writes, not when it is added; while vLLM has none it writes warnings to stderr, as
 Python's last resort did. The level follows ``VLLM_LOGGING_LEVEL`` but never rises above

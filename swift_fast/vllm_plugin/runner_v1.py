@@ -15,7 +15,8 @@ V1 splits a step in two calls, ``execute_model`` (forward and logits) and ``samp
   scheduling, an ``AsyncGPUModelRunnerOutput`` whose ``_model_runner_output`` is what
   ``get_output()`` returns (private too; V1 has no public handle on it).
 
-``profile_run()``, the same on both runners, is wrapped where the adapter is chosen (:mod:`.adapters`).
+``profile_run()``, the same on both runners, is wrapped where the adapter is chosen: the
+model-runner adapters' entry, :mod:`.runner_adapters`.
 
 Pipeline stages receive the upstream sums in ``sync_and_gather_intermediate_tensors``
 (:mod:`.pipeline`).

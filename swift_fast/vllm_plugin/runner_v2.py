@@ -24,7 +24,8 @@ is the seam. Its instance method is wrapped, with three more:
   the object ``get_output()`` returns, gets the values (with async scheduling the engine core
   reads it a step later; the values' copy to the host is already under way).
 
-``profile_run()``, the same on both runners, is wrapped where the adapter is chosen (:mod:`.adapters`).
+``profile_run()``, the same on both runners, is wrapped where the adapter is chosen: the
+model-runner adapters' entry, :mod:`.runner_adapters`.
 
 Pipeline stages: MRv2 copies the upstream sums into ``acc`` itself once ``acc`` is an entry of
 its persistent intermediate tensors (:mod:`.pipeline`).

@@ -31,7 +31,7 @@ scores: a request to them that asks for ``best_of_n``, ``sar_context`` or ``prun
 400, naming the endpoint. ``/v1/messages`` (and, where enabled, ``/cohere/v2/chat``) is served
 through ``OpenAIServingChat``, so the chat wrappers run under it, but it rebuilds each reply in
 its own format, which has no place for the scores; its request model drops unknown fields, so
-its refusal reads the raw body. Beam search (``use_beam_search``) runs unscored (:mod:`.frontend`).
+its refusal reads the raw body. Beam search (``use_beam_search``) runs unscored (:mod:`.output_hooks`).
 
 The serving classes are patched once per process, when the first engine with a head is built;
 each wrapper checks its own engine, so a server without a head is served unchanged.
@@ -284,23 +284,52 @@ def _rewrite_sse(chunk: str, finals: dict, key_of, sar: bool) -> str:
 
 
 def install_serving() -> None:
+    """Patch vLLM's OpenAI serving classes for the scores, once per process (an ``AsyncLLM`` with
+    a head calls it when it is built).
+
+    First the server's vLLM symbols are checked (:func:`.surface.check_surface`, side
+    ``"server"``), so that a vLLM whose serving classes changed is refused before anything is
+    patched. Then, in this order (each wrapper passes a request to an engine without a head
+    straight through):
+
+    - completions (:func:`_patch_completions`), then chat (:func:`_patch_chat`): each choice of a
+      full response gets :func:`choice_fields`, and so does each choice's final chunk in a streamed
+      one (:func:`_rewrite_sse`); ``create_completion`` and ``create_chat_completion`` move the
+      body's ``sar_context`` and ``prune`` into ``vllm_xargs`` and serve ``best_of_n``
+      (:func:`_with_best_of_n`), answering 400, naming the field, when one of the three is bad;
+    - the endpoints without scores (:func:`_patch_unscored_endpoints`): the chat batch,
+      ``/v1/responses`` and Anthropic's ``/v1/messages`` answer 400 to a request that asks for a
+      plugin field (:func:`_refuse_plugin_fields`).
+    """
     global _INSTALLED
     if _INSTALLED:
         return
     from .surface import check_surface
 
     check_surface(sides=("server",))  # the OpenAI serving symbols patched below
-    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
-    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
-    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+    _patch_completions()
+    _patch_chat()
+    _patch_unscored_endpoints()
+    _INSTALLED = True
 
-    # -- completions ----------------------------------------------------------------------
-    C = OpenAIServingCompletion
-    orig_to_resp = C.request_output_to_completion_response
 
-    @functools.wraps(orig_to_resp)
+def _patch_completions() -> None:
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion as Serving
+
+    Serving.request_output_to_completion_response = _scores_in_completion(
+        Serving.request_output_to_completion_response
+    )
+    Serving.create_completion = _with_best_of_n(Serving.create_completion)
+    Serving.completion_stream_generator = _scores_in_completion_stream(Serving.completion_stream_generator)
+
+
+def _scores_in_completion(orig):
+    """Each choice of a full completion response gets the scores of its ``CompletionOutput``
+    (the batch's outputs in order, prompt-major, as vLLM builds the choices)."""
+
+    @functools.wraps(orig)
     def request_output_to_completion_response(self, final_res_batch, request, *args, **kwargs):
-        response = orig_to_resp(self, final_res_batch, request, *args, **kwargs)
+        response = orig(self, final_res_batch, request, *args, **kwargs)
         fe = _frontend(self)
         if fe is not None:
             outputs = [o for res in final_res_batch for o in res.outputs]
@@ -308,15 +337,19 @@ def install_serving() -> None:
                 _set(choice, choice_fields(out, fe.cfg.sar))
         return response
 
-    create_completion = _with_best_of_n(C.create_completion)
+    return request_output_to_completion_response
 
-    orig_stream = C.completion_stream_generator
 
-    @functools.wraps(orig_stream)
+def _scores_in_completion_stream(orig):
+    """A streamed completion: the results are tapped on their way to vLLM's generator, and each
+    choice's final chunk gets the scores of its last ``CompletionOutput`` (choice index
+    ``output.index + prompt * n``)."""
+
+    @functools.wraps(orig)
     def completion_stream_generator(self, request, engine_inputs, result_generator, *args, **kwargs):
         fe = _frontend(self)
         if fe is None:
-            return orig_stream(self, request, engine_inputs, result_generator, *args, **kwargs)
+            return orig(self, request, engine_inputs, result_generator, *args, **kwargs)
         n = request.n or 1
         finals: dict = {}
 
@@ -327,24 +360,32 @@ def install_serving() -> None:
                 yield i, res
 
         async def gen():
-            async for chunk in orig_stream(self, request, engine_inputs, tap(), *args, **kwargs):
+            async for chunk in orig(self, request, engine_inputs, tap(), *args, **kwargs):
                 yield _rewrite_sse(chunk, finals, lambda idx: idx, fe.cfg.sar)
 
         return gen()
 
-    C.request_output_to_completion_response = request_output_to_completion_response
-    C.create_completion = create_completion
-    C.completion_stream_generator = completion_stream_generator
+    return completion_stream_generator
 
-    # -- chat -----------------------------------------------------------------------------
-    H = OpenAIServingChat
-    orig_full = H.chat_completion_full_generator
 
-    @functools.wraps(orig_full)
+def _patch_chat() -> None:
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat as Serving
+
+    Serving.chat_completion_full_generator = _scores_in_chat(Serving.chat_completion_full_generator)
+    Serving.create_chat_completion = _with_best_of_n(Serving.create_chat_completion)
+    Serving.chat_completion_stream_generator = _scores_in_chat_stream(Serving.chat_completion_stream_generator)
+
+
+def _scores_in_chat(orig):
+    """A full chat response: the last result is tapped on its way to vLLM's generator, and each
+    choice gets the scores of the ``CompletionOutput`` with its index (an error response passes)."""
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+    @functools.wraps(orig)
     async def chat_completion_full_generator(self, request, result_generator, *args, **kwargs):
         fe = _frontend(self)
         if fe is None:
-            return await orig_full(self, request, result_generator, *args, **kwargs)
+            return await orig(self, request, result_generator, *args, **kwargs)
         last: list = [None]
 
         async def tap():
@@ -352,7 +393,7 @@ def install_serving() -> None:
                 last[0] = res
                 yield res
 
-        response = await orig_full(self, request, tap(), *args, **kwargs)
+        response = await orig(self, request, tap(), *args, **kwargs)
         if last[0] is not None and not isinstance(response, ErrorResponse):
             by_index = {o.index: o for o in last[0].outputs}
             for choice in response.choices:
@@ -361,15 +402,18 @@ def install_serving() -> None:
                     _set(choice, choice_fields(out, fe.cfg.sar))
         return response
 
-    create_chat_completion = _with_best_of_n(H.create_chat_completion)
+    return chat_completion_full_generator
 
-    orig_chat_stream = H.chat_completion_stream_generator
 
-    @functools.wraps(orig_chat_stream)
+def _scores_in_chat_stream(orig):
+    """A streamed chat response: each choice's final chunk gets the scores of its last
+    ``CompletionOutput`` (choice index ``output.index``: one prompt)."""
+
+    @functools.wraps(orig)
     def chat_completion_stream_generator(self, request, result_generator, *args, **kwargs):
         fe = _frontend(self)
         if fe is None:
-            return orig_chat_stream(self, request, result_generator, *args, **kwargs)
+            return orig(self, request, result_generator, *args, **kwargs)
         finals: dict = {}
 
         async def tap():
@@ -379,16 +423,16 @@ def install_serving() -> None:
                 yield res
 
         async def gen():
-            async for chunk in orig_chat_stream(self, request, tap(), *args, **kwargs):
+            async for chunk in orig(self, request, tap(), *args, **kwargs):
                 yield _rewrite_sse(chunk, finals, lambda idx: idx, fe.cfg.sar)
 
         return gen()
 
-    H.chat_completion_full_generator = chat_completion_full_generator
-    H.create_chat_completion = create_chat_completion
-    H.chat_completion_stream_generator = chat_completion_stream_generator
+    return chat_completion_stream_generator
 
-    # -- endpoints without scores ---------------------------------------------------------
+
+def _patch_unscored_endpoints() -> None:
+    from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
     from vllm.entrypoints.openai.chat_completion.batch_serving import OpenAIServingChatBatch
     from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
 
@@ -398,9 +442,6 @@ def install_serving() -> None:
     OpenAIServingResponses.create_responses = _refuse_plugin_fields(
         OpenAIServingResponses.create_responses, "/v1/responses"
     )
-    from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
-
     AnthropicServingMessages.create_messages = _refuse_plugin_fields(
         AnthropicServingMessages.create_messages, "/v1/messages", in_body=True
     )
-    _INSTALLED = True
