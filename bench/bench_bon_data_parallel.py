@@ -62,7 +62,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from swift_fast.data.datasets import load_dataset
-    from swift_fast.jobs.collect import CollectConfig, VLLMEngine
+    from swift_fast.jobs.collect import CollectConfig
+    from swift_fast.jobs.engine import VLLMEngine
     from swift_fast.support.engine_logs import quiet_vllm_logs
 
     quiet_vllm_logs()

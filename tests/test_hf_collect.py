@@ -60,7 +60,8 @@ def test_collect_with_transformers_resumes_after_an_interruption(tmp_path_factor
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from swift_fast.data.datasets import load_dataset
-    from swift_fast.jobs.collect import CollectConfig, HFEngine, collect
+    from swift_fast.jobs.collect import CollectConfig, collect
+    from swift_fast.jobs.engine import HFEngine
 
     path = eos_prone_model_dir(tmp_path_factory)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -97,7 +98,8 @@ def test_score_sar_uses_the_question_removed_prompt_collect_recorded(tmp_path_fa
     from swift_fast.data.datasets import load_dataset
     from swift_fast.data.rollouts import write_rollouts
     from swift_fast.hf import sar_rewards
-    from swift_fast.jobs.collect import CollectConfig, HFEngine, collect
+    from swift_fast.jobs.collect import CollectConfig, collect
+    from swift_fast.jobs.engine import HFEngine
 
     path = eos_prone_model_dir(tmp_path_factory)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -170,7 +172,8 @@ def test_collect_on_a_model_that_gets_nothing_right_says_so(tmp_path_factory, da
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from swift_fast.data.datasets import load_dataset
-    from swift_fast.jobs.collect import CollectConfig, HFEngine, collect
+    from swift_fast.jobs.collect import CollectConfig, collect
+    from swift_fast.jobs.engine import HFEngine
 
     path = eos_prone_model_dir(tmp_path_factory)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -1,14 +1,11 @@
-"""`swift-fast bon`: offline Best-of-N with vLLM, scored by SWIFT (and SAR) during generation."""
+"""`swift-fast bon`: offline Best-of-N with vLLM, scored by SWIFT (and SAR) during generation. The job
+is ``swift_fast.jobs.bon.run_bon``; this module parses its options and prints what it returns."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-import time
 
-from .collect import add_generation_args, collect_config, parallel_kwargs
+from . import options
 
 DESCRIPTION = """\
 Generate N candidates per problem in one vLLM run with a SWIFT head attached (the scores are
@@ -55,16 +52,13 @@ examples:
 
 
 def add_parser(sub, name, help_):
-    p = sub.add_parser(
-        name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--model", required=True,
-                   help="Hugging Face model name or path, or a .gguf file (converted once: import-model)")
+    p = options.command(sub, name, help_, DESCRIPTION, EXAMPLES)
+    options.add_model(p)
     p.add_argument("--head", required=True, help="SWIFT head file trained for this model")
-    p.add_argument("--data", required=True, help="dataset file or name (GSM8K, MATH-500, AQuA or generic JSONL)")
+    options.add_data(p)
     p.add_argument("--out", help="rollout JSONL (default: bon-<data>-n<N>.jsonl in the current folder)")
     p.add_argument("--sar", action="store_true", help="also compute SAR and report SAR and its combinations with SWIFT")
-    add_generation_args(p, n=16)
+    options.add_generation_args(p, n=16, enforce_eager=False)
     p.add_argument("--dtype", default="auto", help="model dtype (default auto)")
     p.add_argument("--ks", help="comma-separated k values (default: 1, 2, 4, ... N)")
     p.add_argument("--plot", help="PNG path (default: <out>.bon.png); 'none' to skip")
@@ -75,226 +69,52 @@ def add_parser(sub, name, help_):
                    help="also run Best-of-N with pruning during generation and compare (see above); SETTINGS as "
                         'JSON (\'{"keep": 0.5}\') or key=value,key=value (default: the defaults)')
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the intervals (default 2000)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    options.add_no_progress(p)
     return p
 
 
-def vllm_kwargs(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--vllm {pair!r}: expected KEY=VALUE, e.g. --vllm max_model_len=4096")
-        try:
-            out[key.replace("-", "_")] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.replace("-", "_")] = value
-    return out
+def bon_config(args):
+    """The ``BonConfig`` of the parsed options."""
+    from ..jobs.bon import BonConfig
+    from ..selection.pruning import parse_text
+
+    return BonConfig(
+        collect=options.collect_config(args), engine=options.engine_config(args), sar=bool(args.sar),
+        prune=parse_text(args.prune, "--prune") if args.prune is not None else None, kind=args.kind,
+        limit=args.limit, ks=[int(x) for x in args.ks.split(",")] if args.ks else None, bootstrap=args.bootstrap,
+        plot=args.plot != "none", plot_path=args.plot if args.plot != "none" else None, summary_path=args.json,
+        progress=not args.no_progress, verbose=args.verbose,
+    )
 
 
-def _engine_class():
-    from ..jobs.collect import VLLMEngine
-    from ..reports.best_of_n import trace_signals
-    from ..selection.pruning import PruneConfig
+def show_table(result) -> None:
+    """The table, the summary under it and the plot's path, printed as soon as they are ready."""
+    from ..reports import best_of_n as report
 
-    class ScoredVLLMEngine(VLLMEngine):
-        """``swift_fast.jobs.collect``'s vLLM engine with the plugin's scores kept on each candidate."""
-
-        name = "vllm+swift"
-
-        seconds = 0.0  # wall time inside vLLM's generate
-        #: DeepConf's group size for the confidence columns; whether the per-token values stay on
-        #: each candidate (a pruning sweep replays them) or only the columns the report reads
-        window = PruneConfig().window
-        keep_trace = False
-
-        def generate(self, prompts, seeds, cfg, contexts=None, bar=None):
-            seen = []
-            orig = self.llm.generate
-
-            def generate_and_keep(*a, **k):
-                t0 = time.perf_counter()
-                outs = orig(*a, **k)
-                self.seconds += time.perf_counter() - t0
-                seen.extend(outs)
-                return outs
-
-            self.llm.generate = generate_and_keep
-            try:
-                result = super().generate(prompts, seeds, cfg, contexts=contexts, bar=bar)
-            finally:
-                del self.llm.generate
-            for cands, res in zip(result, seen):
-                for c, out in zip(cands, sorted(res.outputs, key=lambda o: o.index)):
-                    c["swift_score"] = out.swift_score
-                    c["swift_tokens"] = out.swift_tokens
-                    c["swift_pruned"] = bool(getattr(out, "swift_pruned", False))
-                    if hasattr(out, "sar"):
-                        c["sar"] = out.sar
-                        c["sar_context"] = out.sar_context
-                    if getattr(out, "swift_trace", None) is not None:
-                        # the trivial selectors' columns are written on every traced run, so
-                        # `eval` on this file shows the rows `bon` shows
-                        c["swift_trace"] = out.swift_trace
-                        trace_signals(c, self.window)
-                        if not self.keep_trace:
-                            del c["swift_trace"]
-            return result
-
-    return ScoredVLLMEngine
-
-
-def default_out(data: str, n: int) -> str:
-    stem = os.path.splitext(os.path.basename(str(data).rstrip("/")))[0] or "data"
-    return f"bon-{stem}-n{n}.jsonl"
+    print(report.format_table(result.table))
+    print(report.summary_text(result.summary))
+    if result.plot is not None:
+        print(f"plot: {result.plot}")
 
 
 def run(args) -> int:
-    from ..data.datasets import DataError, load_dataset
-    from ..data.rollouts import read_rollouts
-    from ..jobs.collect import collect
-    from ..reports import best_of_n as report
-    from ..rewards.head import HeadError, SwiftHead
-    from ..selection.pruning import parse_text
-    from ..support.engine_logs import quiet_engine
+    from ..data.datasets import DataError
+    from ..jobs.bon import run_bon
+    from ..reports.pruning import comparison_text
+    from ..rewards.head import HeadError
     from ..vllm_plugin.surface import VllmSurfaceError
 
     if args.n < 1:
         print("error: --n must be at least 1", file=sys.stderr)
         return 2
-    out = args.out or default_out(args.data, args.n)
     try:
-        SwiftHead.load(args.head)
-        examples = load_dataset(args.data, kind=args.kind, limit=args.limit)
-        extra = vllm_kwargs(args.vllm)
-        extra.update(parallel_kwargs(args, "vllm"))
-        section = {"head": args.head, "sar": bool(args.sar)}
-        extra.setdefault("additional_config", {})["swift_fast"] = section
-        cfg = collect_config(args)
-        prune = parse_text(args.prune, "--prune") if args.prune is not None else None
-        if prune is not None and args.n < 2:
-            raise ValueError("--prune stops the weakest of each problem's candidates: it needs --n 2 or more")
-        pruned_out = os.path.splitext(out)[0] + ".pruned.jsonl"
-        with quiet_engine(os.path.splitext(out)[0] + ".vllm.log", verbose=args.verbose):
-            engine = _engine_class()(args.model, dtype=args.dtype, seed=args.seed, **extra)
-            try:
-                # traced: each candidate's confidence (and with SAR its mean log-prob) come free,
-                # for the trivial selectors; with --prune both runs are traced, so their times
-                # differ by the pruning alone, and the full run keeps its per-token values for
-                # the sweep
-                if prune is not None:
-                    engine.window, engine.keep_trace = prune.window, True
-                cfg.plugin_args = {"trace": True, "prune": False} if prune is not None else {"trace": True}
-                _check_resumed(out, cfg.plugin_args, "the full run")
-                stats = collect(engine, engine.tokenizer, examples, out, cfg, progress=not args.no_progress,
-                                model_name=args.model, desc="generate")
-                seconds = engine.seconds
-                if prune is not None:
-                    cfg.plugin_args = {"trace": True, "prune": prune.to_dict()}
-                    _check_resumed(pruned_out, cfg.plugin_args, "the pruned run")
-                    engine.seconds, engine.keep_trace = 0.0, False
-                    pstats = collect(engine, engine.tokenizer, examples, pruned_out, cfg,
-                                     progress=not args.no_progress, model_name=args.model, desc="generate, pruned")
-                    pseconds = engine.seconds
-            finally:
-                engine.close()
-        ids = {str(ex.id) for ex in examples}
-        problems = [p for p in read_rollouts(out) if p.id in ids]
-        sar_key = "sar" if args.sar else None
-        keys = ["swift_score"] + ([sar_key] if sar_key else [])
-        cands = report.gather(problems, keys, n=args.n, where=out, signals=True)
-        ks = [int(x) for x in args.ks.split(",")] if args.ks else None
-        rows = report.standard_selectors("swift_score", sar=sar_key, trivial=report.trivial_selectors(cands))
-        table = report.bon_table(cands, rows, ks, reps=args.bootstrap)
-        summary = report.selection_summary(cands, table, report.selector_name("swift_score"), reps=args.bootstrap)
+        result = run_bon(args.model, args.head, args.data, args.out or None, bon_config(args), on_table=show_table)
     except (DataError, HeadError, VllmSurfaceError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(report.format_table(table))
-    print(report.summary_text(summary))
-    base = os.path.splitext(out)[0]
-    if args.plot != "none":
-        path = report.plot(
-            table,
-            args.plot or base + ".bon.png",
-            title=f"{os.path.basename(args.model)} on {os.path.basename(str(args.data))}",
-        )
-        print(f"plot: {path}")
-    extra_summary = {}
-    if prune is not None:
-        try:
-            extra_summary["prune"] = _prune_report(args, problems, pruned_out, ids, prune, seconds, pseconds, stats,
-                                                   pstats, base)
-        except (DataError, ValueError, OSError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    summary_path = report.save_json(
-        table, args.json or base + ".summary.json", summary=summary, model=args.model, head=os.path.abspath(args.head),
-        data=str(args.data), n=args.n, rollouts=os.path.abspath(out), generated=stats["written"],
-        resumed=stats["skipped_done"], **extra_summary,
-    )
-    print(f"rollouts: {out} ({stats['written']} problems generated, {stats['skipped_done']} already there)")
-    print(f"summary: {summary_path}")
+    if result.prune is not None:
+        print("\n" + comparison_text(result.prune, args.n))
+    stats = result.stats
+    print(f"rollouts: {result.out} ({stats['written']} problems generated, {stats['skipped_done']} already there)")
+    print(f"summary: {result.summary_path}")
     return 0
-
-
-def _check_resumed(path: str, plugin_args: dict, what: str) -> None:
-    """Refuse to resume a rollout file written with other per-request plugin settings (another
-    pruning, or untraced): its problems would be mixed with, or reported as, this run's."""
-    import json as _json
-
-    if not os.path.isfile(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                had = _json.loads(line).get("plugin_args") or {}
-            except ValueError:
-                continue  # a torn last line: the writer truncates it when it resumes
-            if had != plugin_args:
-                raise ValueError(
-                    f"{path}:{i}: {what} resumes from rollouts generated with plugin settings {had or 'none'}, not "
-                    f"{plugin_args}: use another --out, or remove the file to regenerate"
-                )
-            return
-
-
-def _prune_report(args, problems, pruned_out, ids, prune, seconds, pseconds, stats, pstats, base) -> dict:
-    """Print and return the comparison of the pruned run with the full one, and plot the sweep."""
-    from ..data.rollouts import read_rollouts
-    from ..reports import pruning as pr
-
-    pruned = {p.id: p for p in read_rollouts(pruned_out) if p.id in ids}
-    pruned_problems = [pruned[p.id] for p in problems if p.id in pruned]
-    if len(pruned_problems) != len(problems):
-        raise ValueError(f"{pruned_out}: {len(problems) - len(pruned_problems)} problems of the full run are missing")
-    full = pr.outcome(problems, args.n, where=os.path.abspath(args.out or "rollouts"))
-    measured = pr.compare(full, pr.outcome(pruned_problems, args.n, where=pruned_out), reps=args.bootstrap)
-    from ..rewards.head import SwiftHead
-
-    alignment = SwiftHead.load(args.head).alignment  # an emitted head's decisions come a token later
-    predicted = pr.compare(full, pr.replayed(problems, prune, args.n, alignment=alignment), reps=args.bootstrap)
-    rows = pr.sweep(problems, args.n, base=prune, reps=min(args.bootstrap, 500), alignment=alignment)
-    timed = stats["written"] == len(problems) and pstats["written"] == len(problems)
-    print(f"\npruning ({', '.join(f'{k}={v}' for k, v in prune.to_dict().items())}), BoN@{args.n}:")
-    print("  " + pr.summary_text(measured, "pruned run"))
-    print("  " + pr.summary_text(predicted, "replayed on the full run"))
-    if timed:
-        print(f"  vLLM wall time: full {seconds:.1f} s, pruned {pseconds:.1f} s ({seconds / max(pseconds, 1e-9):.2f}x)")
-    else:
-        print("  vLLM wall time: not compared (a run resumed from earlier output)")
-    frac = measured["token_fraction"]  # the pruned run's budget: each signal at equal cost
-    for signal, r in pr.at_budget(rows, frac).items():
-        what = "no swept setting" if r is None else pr.summary_text(
-            r, f"best {signal} setting ({', '.join(f'{k}={v}' for k, v in r['settings'].items())})")
-        print(f"  at <= {100 * frac:.0f}% of the tokens, {signal}: {what}")
-    path = None
-    if args.plot != "none":
-        path = pr.plot_sweep(rows, base + ".prune.png", measured=[
-            ("pruned run (measured)", measured["token_fraction"], measured["accuracy"])])
-        print(f"  plot: {path}")
-    return {"settings": prune.to_dict(), "measured": measured, "replayed": predicted,
-            "seconds": {"full": seconds, "pruned": pseconds} if timed else None,
-            "rollouts": os.path.abspath(pruned_out), "sweep": rows, "plot": path}

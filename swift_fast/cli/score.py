@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+
+from . import options
 
 DESCRIPTION = """\
 Score every candidate of a rollout file with a SWIFT head, using a Hugging Face model: each
@@ -26,9 +27,7 @@ examples:
 
 
 def add_parser(sub, name, help_):
-    p = sub.add_parser(
-        name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = options.command(sub, name, help_, DESCRIPTION, EXAMPLES)
     p.add_argument("--model", required=True,
                    help="Hugging Face model name or path, or a .gguf file (the model the head was trained on)")
     p.add_argument("--head", required=True, help="SWIFT head file (.safetensors)")
@@ -43,7 +42,7 @@ def add_parser(sub, name, help_):
                    help="auto (checkpoint dtype on GPU, float32 on CPU), bfloat16, float16, float32")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--no-resume", action="store_true", help="overwrite --out instead of resuming it")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    options.add_no_progress(p)
     return p
 
 

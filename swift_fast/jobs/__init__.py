@@ -3,7 +3,9 @@ dataset and writes files that the next job reads. The command line parses option
 these and prints.
 
 =================  ==============================================================================
-``collect``        sample, grade and write N candidates per problem (vLLM or transformers)
+``engine``         the generation engines (vLLM, transformers), their settings, ``make_engine``
+``collect``        sample, grade and write N candidates per problem (``run_collect``)
+``bon``            Best-of-N scored in vLLM by SWIFT (and SAR), with pruning compared (``run_bon``)
 ``data_parallel``  ``LLM.generate``'s interface over vLLM's data-parallel engine
 =================  ==============================================================================
 """

@@ -13,6 +13,9 @@ GPU another batch make-up can change the logits' last bits, and with them a draw
 so the replay predicts its tokens and its picks; measured runs check that prediction. Cost
 counts the tokens the candidates kept; with a separate engine-core process a pruned candidate
 may compute a step or two more before its abort lands, which is not counted.
+
+Text for people: :func:`summary_text`, one comparison on a line; :func:`comparison_text`, the
+lines ``swift-fast bon --prune`` prints under its table.
 """
 
 from __future__ import annotations
@@ -238,3 +241,33 @@ def summary_text(c: dict, label: str = "pruned") -> str:
         f"BoN accuracy {100 * c['accuracy']:.1f}% vs {100 * c['full_accuracy']:.1f}% "
         f"(difference {100 * c['difference']:+.1f} points, 95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}])"
     )
+
+
+def _settings_text(settings: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items())
+
+
+def comparison_text(c: dict, n: int) -> str:
+    """Lines for people of a pruned run beside the full one (``swift_fast.jobs.bon``'s comparison, the
+    summary JSON's ``prune``: ``settings``, ``measured`` and ``replayed`` :func:`compare` results,
+    ``seconds`` or None, ``sweep`` rows, ``plot`` path or None), with each signal's best swept
+    setting at the pruned run's token budget (:func:`at_budget`)."""
+    lines = [
+        f"pruning ({_settings_text(c['settings'])}), BoN@{n}:",
+        "  " + summary_text(c["measured"], "pruned run"),
+        "  " + summary_text(c["replayed"], "replayed on the full run"),
+    ]
+    s = c["seconds"]
+    if s is not None:
+        lines.append(f"  vLLM wall time: full {s['full']:.1f} s, pruned {s['pruned']:.1f} s "
+                     f"({s['full'] / max(s['pruned'], 1e-9):.2f}x)")
+    else:
+        lines.append("  vLLM wall time: not compared (a run resumed from earlier output)")
+    frac = c["measured"]["token_fraction"]  # the pruned run's budget: each signal at equal cost
+    for signal, r in at_budget(c["sweep"], frac).items():
+        what = "no swept setting" if r is None else summary_text(
+            r, f"best {signal} setting ({_settings_text(r['settings'])})")
+        lines.append(f"  at <= {100 * frac:.0f}% of the tokens, {signal}: {what}")
+    if c["plot"] is not None:
+        lines.append(f"  plot: {c['plot']}")
+    return "\n".join(lines)
