@@ -98,3 +98,111 @@ def test_a_pruned_candidate_is_never_picked_while_another_exists():
     assert bon_select(scores, 2, pruned=pruned).tolist() == [1, 1, 1, 0]
     ex = exclude_pruned(scores, pruned, 3)
     assert torch.isnan(ex[0, 0]) and ex[2].tolist() == [0.2, 0.8, 0.5] and torch.isnan(ex[3, 2])
+
+
+# -- one home per rule: flat candidates laid out by problem, oracle, random pick, the bootstrap ----
+def test_by_problem_lays_flat_candidates_out_with_padding_marked():
+    from swift_fast.selection.bon import by_problem
+
+    groups = [5, 2, 5, 2, 9, 5]  # problem 2: candidates 1, 3; problem 5: 0, 2, 5; problem 9: 4
+    scores = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], dtype=torch.float64)
+    correct = torch.tensor([True, False, False, True, False, True])
+    (s, c), pad = by_problem(groups, scores, correct)
+    # rows in sorted order of the ids, each problem's candidates in their flat order, padding (NaN) at the end
+    assert s.nan_to_num(-7.0).tolist() == [[0.2, 0.4, -7.0], [0.1, 0.3, 0.6], [0.5, -7.0, -7.0]]
+    assert c.tolist() == [[False, True, False], [True, False, True], [False, False, False]]
+    assert pad.tolist() == [[False, False, True], [False, False, False], [False, True, True]]
+    (empty,), pad0 = by_problem(torch.zeros(0, dtype=torch.long), torch.zeros(0))
+    assert empty.shape == (0, 0) and pad0.shape == (0, 0)
+
+
+def test_padding_is_never_picked_and_an_all_nan_problem_picks_its_first_candidate():
+    from swift_fast.selection.bon import by_problem
+
+    nan = float("nan")
+    # problem 0: every score NaN -> its first candidate (index 0), never the padding after it;
+    # problem 1: a tie at 0.7 -> the lower index; problem 2: one candidate with -inf, padding NaN
+    groups = [0, 0, 1, 1, 1, 2]
+    scores = [nan, nan, 0.7, 0.2, 0.7, float("-inf")]
+    (s,), pad = by_problem(groups, torch.tensor(scores, dtype=torch.float64))
+    assert bon_select(s, 3, pruned=pad).tolist() == [0, 0, 0]
+    flipped = [nan, nan, 0.2, 0.7, 0.7, float("-inf")]
+    (s,), pad = by_problem(groups, torch.tensor(flipped, dtype=torch.float64))
+    assert bon_select(s, 3, pruned=pad).tolist() == [0, 1, 0]
+
+
+def test_oracle_and_random_pick_by_hand_with_and_without_pruning():
+    from swift_fast.selection.bon import oracle, random_pick
+
+    correct = torch.tensor([[False, True, False, True], [True, False, False, False], [False, False, True, False]])
+    pruned = torch.tensor([[False, True, False, False], [True, True, True, True], [False, False, True, True]])
+    # by hand, first k = 3: p0 has c1 correct; p1 c0; p2 c2
+    assert oracle(correct, 3).tolist() == [1.0, 1.0, 1.0]
+    assert random_pick(correct, 3).tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3])
+    # pruned: p0 may pick c0, c2 (neither correct); p1 all pruned so all count; p2 only c0, c1
+    assert oracle(correct, 3, pruned).tolist() == [0.0, 1.0, 0.0]
+    assert random_pick(correct, 3, pruned).tolist() == pytest.approx([0.0, 1 / 3, 0.0])
+    # default k: every candidate; p0 may pick c0, c2, c3 of which c3 is correct
+    assert oracle(correct, pruned=pruned).tolist() == [1.0, 1.0, 0.0]
+    assert random_pick(correct, pruned=pruned).tolist() == pytest.approx([1 / 3, 1 / 4, 0.0])
+    assert oracle_accuracy(correct, [3, 4]) == {3: 1.0, 4: 1.0}
+
+
+def _quantile(values, q):
+    """Linear interpolation between order statistics, written out (numpy's default, 'linear')."""
+    v = sorted(values)
+    h = (len(v) - 1) * q
+    lo = math.floor(h)
+    return v[lo] + (h - lo) * (v[min(lo + 1, len(v) - 1)] - v[lo])
+
+
+def _brute_interval(values, reps, seed, level=0.95):
+    """The bootstrap over problems by hand: one [reps, P] draw, each resample's mean over the drawn
+    problems that have a number (NaN ones count for nothing), resamples without one left out."""
+    g = torch.Generator().manual_seed(seed)
+    draws = torch.randint(0, len(values), (reps, len(values)), generator=g).tolist()
+    means = []
+    for row in draws:
+        kept = [values[i] for i in row if not math.isnan(values[i])]
+        if kept:
+            means.append(sum(kept) / len(kept))
+    return _quantile(means, (1 - level) / 2), _quantile(means, (1 + level) / 2)
+
+
+@pytest.mark.parametrize("sum_by", ["draws", "counts"])
+def test_the_bootstrap_over_problems_against_a_brute_force(sum_by):
+    from swift_fast.selection.bootstrap import bootstrap_interval
+
+    nan = float("nan")
+    values = [1.0, 0.0, 0.5, nan, 1.0, 0.25, nan, 0.0, 1.0, 0.75, 0.0, 1 / 3]
+    for reps, seed in ((2000, 0), (300, 7), (257, 3)):  # 257: one resample past a chunk
+        lo, hi = bootstrap_interval(torch.tensor(values, dtype=torch.float64), reps=reps, seed=seed, sum_by=sum_by)
+        want = _brute_interval(values, reps, seed)
+        assert lo == pytest.approx(want[0], abs=1e-12) and hi == pytest.approx(want[1], abs=1e-12)
+    lo, hi = bootstrap_interval(values, reps=500, level=0.8, seed=1, sum_by=sum_by)
+    assert (lo, hi) == pytest.approx(_brute_interval(values, 500, 1, level=0.8), abs=1e-12)
+    # nothing to resample: no interval
+    assert all(math.isnan(x) for x in bootstrap_interval([nan, nan], sum_by=sum_by))
+    assert all(math.isnan(x) for x in bootstrap_interval([], sum_by=sum_by))
+    assert bootstrap_interval(torch.ones(10), sum_by=sum_by) == (1.0, 1.0)
+
+
+def test_the_bootstrap_draws_in_chunks_that_are_the_rows_of_one_draw(monkeypatch):
+    from swift_fast.selection import bootstrap
+
+    values = torch.tensor([0.0, 1.0, 1.0, 0.5, 0.25] * 40, dtype=torch.float64)
+    shapes = []
+    randint = torch.randint
+
+    def spy(*args, **kw):
+        out = randint(*args, **kw)
+        shapes.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(bootstrap.torch, "randint", spy)
+    means = bootstrap.resample_means(values, reps=700, seed=4)
+    monkeypatch.undo()
+    assert shapes == [(256, 200), (256, 200), (188, 200)]  # memory: CHUNK rows at a time
+    g = torch.Generator().manual_seed(4)
+    draws = torch.randint(0, 200, (700, 200), generator=g)
+    assert torch.equal(means, values[draws].mean(1))  # the same numbers as one [700, 200] draw

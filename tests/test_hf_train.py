@@ -187,7 +187,8 @@ def test_feature_cache_holds_bf16_of_the_selected_states_and_trains_on_them(mode
 
     model, tok = model_and_tok
     problems = _rollouts(tok, tmp_path / "r.jsonl", problems=10, n=4, seed=1)
-    kw = dict(layers="last2", alignment="emitted", loss="nca", lr=1e-3, max_epochs=2, progress=False, seed=7)
+    kw = dict(layers="last2", alignment="emitted", loss="nca", lr=1e-3, max_epochs=2, progress=False, seed=7,
+              solver="adamw")
     a, ra = train_from_rollouts(model, problems, **kw)
     b, rb = train_from_rollouts(model, problems, **kw)
     cache = tmp_path / "cache"
@@ -224,7 +225,8 @@ def test_feature_cache_holds_bf16_of_the_selected_states_and_trains_on_them(mode
     assert not torch.equal(e.weight, a.weight)  # the rounding is real: float32 features train another head
     assert a.alignment == "emitted" and a.layers == [1, 2] and a.provenance["alpha"] == 0.01
     # the logit feature without gate trains too, and its head reads the vocabulary
-    f, _ = train_from_rollouts(model, problems, feature="logits", gate=False, max_epochs=1, progress=False)
+    f, _ = train_from_rollouts(model, problems, feature="logits", gate=False, max_epochs=1, progress=False,
+                               solver="adamw")
     assert f.feature == "logits" and f.hidden_size == model.config.vocab_size and f.weight.shape[0] == 1
 
 
@@ -353,7 +355,7 @@ def test_rollouts_without_token_ids_or_labels_are_refused_with_file_and_line(
     bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
     # 8 candidates teach little, and training says so with the counts it trains on (the empty one left out)
     with pytest.warns(LabelShareWarning, match=r"^5 of 8 candidates are correct"):
-        h, _ = train_from_rollouts(model, str(bad), max_epochs=1, progress=False)
+        h, _ = train_from_rollouts(model, str(bad), max_epochs=1, progress=False, solver="adamw")
     assert h.provenance["data"]["skipped_empty"] == 1 and h.provenance["data"]["candidates"] == 8
 
 
@@ -412,7 +414,7 @@ def test_provenance_records_the_label_balance_and_progress_names_the_cache(model
     model, tok = model_and_tok
     data = tmp_path / "r.jsonl"
     problems = _rollouts(tok, data, problems=10, n=4, seed=3)
-    head, res = train_from_rollouts(model, str(data), layers="last2", max_epochs=1, progress=True)
+    head, res = train_from_rollouts(model, str(data), layers="last2", max_epochs=1, progress=True, solver="adamw")
     err = capsys.readouterr().err
     assert "train (features recomputed every epoch)" in err
     assert "features are recomputed by the model for every batch of every epoch" in err and "--cache-dir DIR" in err
@@ -433,7 +435,8 @@ def test_provenance_records_the_label_balance_and_progress_names_the_cache(model
     assert labels == want == res.labels
     assert want["train"]["problems"] == 8 and want["val"]["problems"] == 2
 
-    train_from_rollouts(model, str(data), layers="last2", max_epochs=1, cache_dir=str(tmp_path / "c"), progress=True)
+    train_from_rollouts(model, str(data), layers="last2", max_epochs=1, cache_dir=str(tmp_path / "c"), progress=True,
+                        solver="adamw")
     err = capsys.readouterr().err
     assert "training split:   8 problems" in err and "recomputed" not in err
 
@@ -586,3 +589,25 @@ def test_the_probe_picks_its_strength_by_the_loss_when_no_problem_has_both_kinds
     assert main(["train", "--model", model_dir, "--rollouts", str(data), "--out", str(out) + ".2", "--folds", "5"]) == 2
     assert "5-fold cross-validation over the training problems, but the training split has 4: use --folds 4" \
         in capsys.readouterr().err
+
+
+def test_the_train_job_as_a_library_and_train_from_rollouts_settings(model_dir, model_and_tok, tmp_path):
+    """``swift_fast.jobs.train``: the plan says its warnings and cache before any model loads, the
+    run writes the head; ``train_from_rollouts`` takes ``TrainSettings`` (``solver="auto"``, the
+    probe for bce, by default) and names a keyword that is no setting."""
+    from swift_fast.jobs.train import plan_train, run_train
+    from swift_fast.training import TrainSettings
+
+    model, tok = model_and_tok
+    data = tmp_path / "r.jsonl"
+    problems = _rollouts(tok, data, problems=10, n=4, seed=3)
+    plan = plan_train(model_dir, str(data), TrainSettings(layers="0,2"), cache_dir=str(tmp_path / "c"))
+    assert plan.warnings == [] and plan.cache.startswith(f"feature cache {tmp_path / 'c'}: about ")
+    job = run_train(plan, str(tmp_path / "h.safetensors"), progress=False)
+    assert SwiftHead.load(job.head_path).provenance["solver"] == "probe" and job.result.fit["solver"] == "probe"
+    head, res = train_from_rollouts(model, problems, layers="0,2", progress=False)
+    assert res.fit["solver"] == "probe" and not head.gate
+    head, res = train_from_rollouts(model, problems, TrainSettings.paper(layers="0,2", max_epochs=1), progress=False)
+    assert not res.fit and head.gate and head.provenance["select"] == "loss"
+    with pytest.raises(TypeError, match=r"unknown keyword 'epochs' \(did you mean 'max_epochs'\?\)"):
+        train_from_rollouts(model, problems, epochs=3)

@@ -270,3 +270,33 @@ def test_a_long_title_is_wrapped_inside_the_figure(monkeypatch):
     assert outside() == []
     monkeypatch.setattr(plotting, "_wrap", lambda text, width_in, fontsize: text)
     assert len(outside()) == 2
+
+
+def test_report_intervals_are_the_one_bootstrap_over_problems_checked_by_brute_force():
+    """``bootstrap_ci`` is ``swift_fast.selection.bootstrap``'s, under the name reports use; a
+    table's interval and a paired difference's are resamples of problems, counted here by hand."""
+    from swift_fast.selection.bootstrap import bootstrap_interval
+
+    assert report.bootstrap_ci is bootstrap_interval
+    correct = torch.tensor([[True, False, False], [False, False, True], [False, False, False], [True, True, False],
+                            [False, True, False]])
+    scores = torch.tensor([[0.9, 0.1, 0.2], [0.5, 0.3, 0.4], [0.1, 0.2, 0.3], [0.2, 0.9, 0.1], [0.3, 0.2, 0.1]],
+                          dtype=torch.float64)
+    c = report.Candidates(ids=list("abcde"), correct=correct, answers=[[None] * 3] * 5, scores={"s": scores})
+    t = report.bon_table(c, {"s": report.best_of("s"), "random": report.random_choice}, ks=[3], reps=400, seed=2)
+    picks = {"s": [1.0, 0.0, 0.0, 1.0, 0.0],  # highest score: c0, c0, c2, c1, c0
+             "random": [1 / 3, 1 / 3, 0.0, 2 / 3, 1 / 3]}  # correct share of each problem
+    g = torch.Generator().manual_seed(2)
+    draws = torch.randint(0, 5, (400, 5), generator=g).tolist()
+
+    def interval(per_problem):
+        means = sorted(sum(per_problem[i] for i in row) / 5 for row in draws)
+        at = [(len(means) - 1) * q for q in (0.025, 0.975)]
+        return [means[int(h)] + (h - int(h)) * (means[int(h) + 1] - means[int(h)]) for h in at]
+
+    for row, per_problem in picks.items():
+        assert t.rows[row][3] == pytest.approx(sum(per_problem) / 5)
+        assert list(t.ci[row][3]) == pytest.approx(interval(per_problem), abs=1e-12)
+    d, lo, hi = t.difference_ci("s", "random", 3, reps=400, seed=2)
+    diffs = [a - b for a, b in zip(picks["s"], picks["random"])]
+    assert d == pytest.approx(sum(diffs) / 5) and [lo, hi] == pytest.approx(interval(diffs), abs=1e-12)

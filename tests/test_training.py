@@ -524,3 +524,103 @@ def test_select_auto_takes_pairs_when_it_can_and_the_loss_with_a_warning_when_it
     assert res.best_epoch == min(range(1, res.epochs_run + 1), key=lambda e: res.history[e - 1]["val_loss"])
     with pytest.raises(ValueError, match="none of the 32 validation problems has both.*--select loss"):
         train_head(SwiftHead(8, [0]), src, train, one_kind, progress=False, select="pairs")
+
+
+# -- one home per rule: Best-of-N, oracle, random and the bootstrap come from swift_fast.selection --
+def test_flat_best_of_n_oracle_and_random_by_hand_on_interleaved_problems():
+    from swift_fast.training import bon_outcomes
+
+    nan = float("nan")
+    # candidates of three problems interleaved, in generation order within each problem:
+    # problem 3: 0.4 (wrong), 0.9 (right), 0.9 (wrong) -> the tie goes to the earlier, right one
+    # problem 1: NaN (right), 0.1 (wrong) -> NaN never wins: the wrong one
+    # problem 7: NaN (wrong), NaN (right) -> no score at all: the first candidate, wrong
+    groups = torch.tensor([3, 1, 3, 7, 1, 3, 7])
+    scores = torch.tensor([0.4, nan, 0.9, nan, 0.1, 0.9, nan])
+    labels = torch.tensor([0, 1, 1, 0, 0, 0, 1])
+    assert bon_outcomes(scores, labels, groups).tolist() == [0.0, 1.0, 0.0]  # problems 1, 3, 7
+    m = selection_metrics(scores, labels, groups)
+    assert m["bon"] == pytest.approx(1 / 3) and m["problems"] == 3 and m["oracle"] == 1.0
+    assert m["random"] == pytest.approx((1 / 2 + 1 / 3 + 1 / 2) / 3)
+    # a problem without a correct candidate lowers the oracle; no problem at all gives 0
+    assert selection_metrics(scores, torch.tensor([0, 0, 1, 0, 0, 0, 1]), groups)["oracle"] == pytest.approx(2 / 3)
+    empty = selection_metrics(torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    assert empty["oracle"] == empty["random"] == empty["bon"] == 0.0 and empty["problems"] == 0
+
+
+def test_the_verdict_interval_leaves_problems_of_one_kind_out_by_brute_force():
+    y = torch.tensor([0, 1, 0, 1, 1, 1, 0, 1, 0, 1, 0, 0])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3])  # problem 1: all correct, no within AUC
+    length = torch.tensor([5, 3, 9, 4, 6, 8, 2, 7, 4, 1, 6, 5])
+    head = torch.tensor([0.2, 0.8, 0.1, 0.5, 0.4, 0.3, 0.6, 0.9, 0.2, 0.7, 0.1, 0.8])
+    b = free_baselines(head, y, groups, length, reps=500, seed=3)
+    v = b["verdict"]
+    assert v["against"] == "length" and b["length"]["direction"] == "shorter"
+    # per problem with both kinds: the head's pairs won minus length's (shorter better), counted by hand
+    per = {}
+    for p in (0, 2, 3):
+        idx = [i for i in range(12) if groups[i] == p]
+        per[p] = _pair_auc(head[idx], y[idx]) - _pair_auc(-length[idx].double(), y[idx])
+    g = torch.Generator().manual_seed(3)
+    draws = torch.randint(0, 4, (500, 4), generator=g).tolist()
+    means = []
+    for row in draws:  # problem 1 is drawn like any other and counts for nothing
+        kept = [per[p] for p in row if p != 1]
+        if kept:
+            means.append(sum(kept) / len(kept))
+    means.sort()
+    at = [(len(means) - 1) * q for q in (0.025, 0.975)]  # linear interpolation between order statistics
+    want = [means[int(h)] + (h - int(h)) * (means[int(h) + 1] - means[int(h)]) for h in at]
+    assert v["interval"] == pytest.approx(want, abs=1e-12)
+    assert v["difference"] == pytest.approx(sum(per.values()) / 3)
+
+
+# -- the settings: one dataclass for train_head, train_from_rollouts and swift-fast train ---------
+def test_settings_defaults_and_the_solver_auto_stands_for():
+    from swift_fast.training import TrainSettings
+
+    s = TrainSettings()
+    assert (s.solver, s.loss, s.select, s.standardize, s.gate) == ("auto", "bce", "auto", True, None)
+    assert s.resolved_solver == "probe" and not s.gated
+    assert TrainSettings(loss="dpo").resolved_solver == "adamw" and TrainSettings(loss="dpo").gated
+    assert TrainSettings(gate=True).resolved_solver == "adamw"  # the probe cannot fit a gate
+    paper = TrainSettings.paper(lr=1e-3)
+    assert (paper.solver, paper.select, paper.standardize, paper.lr, paper.gated) == ("adamw", "loss", False, 1e-3,
+                                                                                      True)
+    assert TrainSettings(lambdas=None, folds=None) == TrainSettings()  # None: the default, as keywords had it
+    for bad, match in (({"loss": "mse"}, "unknown loss"), ({"select": "bon"}, "unknown select"),
+                       ({"solver": "sgd"}, "unknown solver")):
+        with pytest.raises(ValueError, match=match):
+            TrainSettings(**bad)
+
+
+def test_train_head_keywords_are_its_settings_and_an_unknown_one_is_named():
+    from swift_fast.training import TrainSettings
+
+    src = Source(64, seed=5)
+    train, val = _examples(src, range(0, 48)), _examples(src, range(48, 64))
+    a, b = SwiftHead(8, [0]), SwiftHead(8, [0])
+    ra = train_head(a, src, train, val, lr=1e-2, max_epochs=2, progress=False, seed=1)
+    rb = train_head(b, src, train, val, TrainSettings.paper(lr=1e-2, max_epochs=2, seed=1), progress=False)
+    assert torch.equal(a.weight, b.weight) and ra.history == rb.history and ra.select == "loss"
+    with pytest.raises(TypeError, match=r"train_head\(\) got an unknown keyword 'lrate' \(did you mean 'lr'\?\)"):
+        train_head(SwiftHead(8, [0]), src, train, val, lrate=1e-2)
+    with pytest.raises(TypeError, match="unknown keyword 'layers'"):  # not one of the epoch loop's
+        train_head(SwiftHead(8, [0]), src, train, val, layers="all")
+
+
+def test_the_command_line_takes_its_defaults_and_names_from_the_settings():
+    from swift_fast import cli
+    from swift_fast.cli.train import settings_of
+    from swift_fast.training import TrainSettings
+
+    base = ["train", "--model", "m", "--rollouts", "r.jsonl", "--out", "h.safetensors"]
+    cli._ARGV = list(base)
+    assert settings_of(cli.build_parser().parse_args(base)) == TrainSettings()
+    argv = base + ["--epochs", "5", "--no-gate", "--no-standardize", "--weight-decay", "0.1", "--lambdas", "0.5,2",
+                   "--loss", "dpo", "--select", "loss", "--layers", "last4", "--val-fraction", "0.3"]
+    cli._ARGV = list(argv)
+    s = settings_of(cli.build_parser().parse_args(argv))
+    assert s == TrainSettings(max_epochs=5, gate=False, standardize=False, weight_decay=0.1, lambdas=(0.5, 2.0),
+                              loss="dpo", select="loss", layers="last4", val_fraction=0.3)
+    assert s.resolved_solver == "adamw"

@@ -67,7 +67,7 @@ def run(args) -> int:
     if args.assets and len(tasks) > 1:
         raise SystemExit("swift-fast demo: --assets names one task's artefact folder: give --task forget or lag")
     if args.action in ("build", "ablations"):
-        from ..training import LabelBalanceError
+        from ..training.splits import LabelBalanceError
 
         try:
             if args.action == "build":

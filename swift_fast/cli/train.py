@@ -1,4 +1,8 @@
-"""`swift-fast train`: train a SWIFT head on graded rollouts."""
+"""`swift-fast train`: train a SWIFT head on graded rollouts.
+
+Parses and prints only: the training options are ``swift_fast.training.TrainSettings``' fields
+(their defaults, choices and help come from there: ``add_settings``), the job is
+``swift_fast.jobs.train`` (``plan_train`` before the model loads, ``run_train``)."""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ import argparse
 import json
 import math
 import sys
-import warnings
 
 DESCRIPTION = """\
 Train a SWIFT head (a linear map over the model's hidden states) on graded rollouts.
@@ -68,63 +71,67 @@ examples:
 """
 
 
-def add_parser(sub, name, help_):
-    from ..training import LOSSES
-    from ..training.probe import DEFAULT_FOLDS, DEFAULT_LAMBDAS
+def _shown(value) -> str:
+    """A default as a user types it: ``1e-4`` rather than ``0.0001``, strengths comma-separated."""
+    if isinstance(value, (tuple, list)):
+        return ",".join(f"{v:g}" for v in value)
+    if isinstance(value, float):
+        plain, sci = f"{value:g}", f"{value:.0e}".replace("e-0", "e-").replace("e+0", "e")
+        return sci if len(sci) < len(plain) and float(sci) == value else plain
+    return str(value)
 
-    p = sub.add_parser(
-        name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+
+def add_settings(p) -> None:
+    """The ``TrainSettings`` fields as options, each with the field's default, choices and help."""
+    from dataclasses import fields
+
+    from ..training.settings import TrainSettings
+
+    for f in fields(TrainSettings):
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        text = f.metadata["help"]
+        if f.name == "gate":  # --no-gate: gate=False; left out, None takes the solver's
+            p.add_argument(flag, dest="gate", action="store_const", const=False, default=None, help=text)
+        elif isinstance(f.default, bool):
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                           help=f"{text} (default {'on' if f.default else 'off'})")
+        else:
+            # a string default goes through ``type`` as typed text would; lambdas stay text (``lambdas_of``)
+            kind = type(f.default) if isinstance(f.default, (int, float)) else str
+            metavar = flag.lstrip("-").replace("-", "_").upper() if "flag" in f.metadata else None
+            p.add_argument(flag, dest=f.name, type=kind, default=_shown(f.default), choices=f.metadata.get("choices"),
+                           metavar=metavar, help=f"{text} (default %(default)s)")
+
+
+def add_parser(sub, name, help_):
+    from .options import add_no_progress, command
+
+    p = command(sub, name, help_, DESCRIPTION, EXAMPLES)
     p.add_argument("--model", required=True,
                    help="Hugging Face model name or path, or a .gguf file (the model that generated the rollouts)")
     p.add_argument("--rollouts", required=True,
                    help="rollout JSONL: prompt_token_ids, candidates with token_ids and correct")
     p.add_argument("--out", required=True, help="head file to write (.safetensors)")
-    p.add_argument("--layers", default="all",
-                   help="hidden states to read: all, lastN (e.g. last4) or indices 0,8,16 (default all)")
-    p.add_argument("--feature", choices=("hidden", "logits"), default="hidden",
-                   help="hidden states (default) or the final logits")
-    p.add_argument("--no-gate", action="store_true", help="plain mean of token rewards instead of the gated average")
-    p.add_argument("--alignment", choices=("predicting", "emitted"), default="predicting",
-                   help="score token r_j with the state that predicted it (default) "
-                        "or where it is the input (the paper's)")
-    p.add_argument("--solver", choices=("auto", "probe", "adamw"), default="auto",
-                   help="probe: the ungated head as a cross-validated logistic regression on mean states; adamw: "
-                        "the paper's epoch loop (gated unless --no-gate; every --loss); auto (default): probe for "
-                        "--loss bce, else adamw")
-    p.add_argument("--lambdas", default=",".join(f"{x:g}" for x in DEFAULT_LAMBDAS),
-                   help="probe: L2 strengths to choose from by cross-validation (default %(default)s)")
-    p.add_argument("--folds", type=int, default=DEFAULT_FOLDS,
-                   help="probe: cross-validation folds over the training problems (default %(default)s)")
-    p.add_argument("--loss", choices=LOSSES, default="bce", help="training loss (default bce)")
-    p.add_argument("--alpha", type=float, default=0.01, help="temperature of InfoNCA/NCA targets (default 0.01)")
-    p.add_argument("--lr", type=float, default=1e-4, help="adamw: learning rate (default 1e-4)")
-    p.add_argument("--weight-decay", type=float, default=1e-5, help="adamw: weight decay (default 1e-5)")
-    p.add_argument("--batch-size", type=int, default=16, help="adamw: sequences per step (default 16)")
-    p.add_argument("--epochs", type=int, default=20,
-                   help="most epochs (default 20; early stopping usually ends sooner)")
-    p.add_argument("--patience", type=int, default=3,
-                   help="epochs without a better validation figure (see --select) before stopping (default 3)")
-    p.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=True,
-                   help="train on states centred and scaled per dimension over the training tokens, folded "
-                        "back into an ordinary head at the end (default: on; --no-standardize trains on raw "
-                        "states, as the paper does)")
-    p.add_argument("--select", choices=("auto", "pairs", "loss"), default="auto",
-                   help="which epoch is kept and when to stop: pairs, the highest within-problem AUC on "
-                        "validation (how well the head ranks the candidates of one problem, which is what "
-                        "Best-of-N uses); loss, the lowest validation loss (the paper's); auto (default): pairs "
-                        "when a validation problem has both a correct and an incorrect candidate, else loss")
-    p.add_argument("--val-fraction", type=float, default=0.2,
-                   help="share of problems held out for validation (default 0.2)")
-    p.add_argument("--seed", type=int, default=0, help="seed of split, initial weights and batch order (default 0)")
+    add_settings(p)
     p.add_argument("--cache-dir",
                    help="keep features in a memory-mapped file here: the head's states of the response tokens "
                         "in bfloat16 (logits in float32); its size is printed before it is written")
     p.add_argument("--dtype", default="auto",
                    help="auto (checkpoint dtype on GPU, float32 on CPU), bfloat16, float16, float32")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_no_progress(p)
     return p
+
+
+def settings_of(args):
+    """The ``TrainSettings`` of parsed options (``--lambdas`` parsed by ``lambdas_of``)."""
+    from dataclasses import fields
+
+    from ..training.settings import TrainSettings
+
+    values = {f.name: getattr(args, f.name) for f in fields(TrainSettings)}
+    values["lambdas"] = lambdas_of(args.lambdas)
+    return TrainSettings(**values)
 
 
 def run(args) -> int:
@@ -133,44 +140,28 @@ def run(args) -> int:
     from ..rewards.head import HeadError
 
     try:
-        from transformers import AutoConfig
+        from ..jobs.train import plan_train, run_train
 
-        from ..hf.loading import check_supported_config, load_model
-        from ..hf.train import check_rollouts, describe_cache, feature_cache_plan
-        from ..training import LabelShareWarning, label_share_warning, whole_balance
-
-        # the config and the rollout file alone decide these refusals: make them before a long model load
-        config = AutoConfig.from_pretrained(args.model)
-        check_supported_config(config, args.model)
-        balance = check_rollouts(args.rollouts, args.loss, args.val_fraction, args.seed)
-        notes = [label_share_warning(whole_balance(balance))]
-        if solver_of(args) == "probe":
-            if args.loss != "bce":
-                raise ValueError(f"the probe fits the bce loss only: --solver adamw trains with --loss {args.loss}")
-            lambdas_of(args.lambdas)
-            if args.folds < 2:
-                raise ValueError(f"--folds must be at least 2, got {args.folds}")
-            from ..training.probe import check_probe_split
-
-            notes.append(check_probe_split(balance, args.folds))
-        for note in filter(None, notes):
+        # the config and the rollout file alone decide these refusals: made before a long model load
+        plan = plan_train(args.model, args.rollouts, settings_of(args), args.cache_dir)
+        for note in plan.warnings:
             print(f"warning: {note}", file=sys.stderr)
-        if args.cache_dir:
-            plan = feature_cache_plan(args.rollouts, config, args.layers, args.feature)
-            print(describe_cache(args.cache_dir, plan["rows"], plan["k"], plan["d"], plan["dtype"]), file=sys.stderr)
-        model, _ = load_model(args.model, args.dtype, args.device)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", LabelShareWarning)  # said above, before the model load
-            head, result = _train(args, model)
+        if plan.cache:
+            print(plan.cache, file=sys.stderr)
+        job = run_train(plan, args.out, args.dtype, args.device, progress=not args.no_progress)
     except (DataError, HeadError, UnsupportedModelError, ValueError, FloatingPointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from ..hf.train import finite_or_none
-    from ..training import format_baselines
+    _print_result(job.head_path, args.loss, job.result)
+    return 0
 
-    head.save(args.out)
+
+def _print_result(out: str, loss: str, result) -> None:
+    from ..hf.train import finite_or_none
+    from ..training.baselines import format_baselines
+
     vm = result.val_metrics
-    threshold = "" if args.loss in ("bce", "hinge") else f"; the {args.loss} loss sets no threshold"
+    threshold = "" if loss in ("bce", "hinge") else f"; the {loss} loss sets no threshold"
     if result.fit:
         f = result.fit
         how = (f"probe, L2 strength {f['lambda']:g} of {', '.join(f'{x:g}' for x in f['lambdas'])} "
@@ -179,7 +170,7 @@ def run(args) -> int:
         how = (f"best epoch {result.best_epoch} of {result.epochs_run}"
                f"{' (stopped early)' if result.stopped_early else ''}")
     print(
-        f"wrote {args.out}: {how}; validation loss {vm['loss']:.4f}; "
+        f"wrote {out}: {how}; validation loss {vm['loss']:.4f}; "
         f"at R > 0 (predicting correct{threshold}): balanced accuracy {_fig(vm['balanced_accuracy'])}, "
         f"precision {_fig(vm['precision'])}, recall {_fig(vm['recall'])}"
     )
@@ -188,15 +179,10 @@ def run(args) -> int:
         {"best_epoch": result.best_epoch, "fit": result.fit or None, "val": vm, "baselines": result.baselines,
          "labels": result.labels}
     ), default=str))
-    return 0
 
 
 def _fig(x: float) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
-
-
-def solver_of(args) -> str:
-    return args.solver if args.solver != "auto" else ("probe" if args.loss == "bce" else "adamw")
 
 
 def lambdas_of(text: str) -> tuple[float, ...]:
@@ -207,34 +193,3 @@ def lambdas_of(text: str) -> tuple[float, ...]:
     if not values or any(not (v > 0 and math.isfinite(v)) for v in values):
         raise ValueError(f"--lambdas takes positive finite strengths, got {text!r}")
     return values
-
-
-def _train(args, model):
-    from ..hf.train import train_from_rollouts
-
-    solver = solver_of(args)
-    return train_from_rollouts(
-        model,
-        args.rollouts,
-        solver=solver,
-        lambdas=lambdas_of(args.lambdas),
-        folds=args.folds,
-        layers=args.layers,
-        feature=args.feature,
-        gate=False if args.no_gate else None,
-        alignment=args.alignment,
-        loss=args.loss,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        batch_size=args.batch_size,
-        max_epochs=args.epochs,
-        patience=args.patience,
-        val_fraction=args.val_fraction,
-        seed=args.seed,
-        alpha=args.alpha,
-        cache_dir=args.cache_dir,
-        progress=not args.no_progress,
-        model_name=args.model,
-        select=args.select,
-        standardize=args.standardize,
-    )

@@ -88,18 +88,20 @@ def train_head(
     from transformers import AutoModelForCausalLM
 
     from ..hf.train import train_from_rollouts
+    from ..training.settings import TrainSettings
 
     h = dict(recipe.head.__dict__, **overrides)
     torch.set_num_threads(recipe.train.threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return train_from_rollouts(
-        model, rollouts, layers=h["layers"], feature=h["feature"], gate=h["gate"], alignment=h["alignment"],
-        loss=h["loss"], lr=h["lr"], weight_decay=h["weight_decay"], batch_size=h["batch_size"],
-        max_epochs=h["max_epochs"], patience=h["patience"], seed=h["seed"], progress=progress,
-        model_name="swift-fast-demo", cache_dir=cache_dir,
-        # the shipped demo heads were trained this way (the paper's): rebuilding them reproduces them
-        select="loss", standardize=False,
+    # the shipped demo heads were trained the paper's way (the epoch loop, the kept epoch by validation
+    # loss, raw states): rebuilding them reproduces them
+    settings = TrainSettings.paper(
+        layers=h["layers"], feature=h["feature"], gate=h["gate"], alignment=h["alignment"], loss=h["loss"],
+        lr=h["lr"], weight_decay=h["weight_decay"], batch_size=h["batch_size"], max_epochs=h["max_epochs"],
+        patience=h["patience"], seed=h["seed"],
     )
+    return train_from_rollouts(model, rollouts, settings, progress=progress, model_name="swift-fast-demo",
+                               cache_dir=cache_dir)
 
 
 def build(out: str = A.ASSETS_DIR, work: str = "demo_build", recipe: Recipe = DEFAULT, progress: bool = True,

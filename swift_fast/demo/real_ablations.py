@@ -33,7 +33,7 @@ import torch
 
 from ..data.rollouts import read_rollouts
 from ..reports import best_of_n as report
-from ..training import within_problem_auc
+from ..training.metrics import within_problem_auc
 
 KS = (1, 2, 4, 8, 16)
 
@@ -84,7 +84,9 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
     from ..hf.loading import transformers_bars
     from ..hf.train import HFFeatureSource
     from ..rewards.head import SwiftHead
-    from ..training import Example, score_and_count, split_by_problem, train_head
+    from ..training.loop import score_and_count, train_head
+    from ..training.settings import TrainSettings
+    from ..training.splits import Example, split_by_problem
 
     if model is None:
         with open(os.path.join(out, "times.json")) as f:
@@ -159,8 +161,9 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
     def fit(name, problem_ids, **change):
         h = {"solver": "probe", "layers": "all"}  # train's default for bce
         if change.get("solver", "adamw") == "adamw":  # the epoch loop, with train's defaults for it
-            h = {"solver": "adamw", "layers": "all", "loss": "bce", "lr": 1e-4, "weight_decay": 1e-5, "gate": True,
-                 "select": "auto", "standardize": True}
+            d = TrainSettings()
+            h = {"solver": "adamw", "layers": d.layers, "loss": d.loss, "lr": d.lr, "weight_decay": d.weight_decay,
+                 "gate": True, "select": d.select, "standardize": d.standardize}
         h.update(change)
         from ..rewards.head import resolve_layers
         from ..training.probe import train_probe

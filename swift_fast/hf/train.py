@@ -14,7 +14,7 @@ every epoch costs as much as the first (validation included): the progress outpu
 names the cache with its size when that size suits the disk (``CACHE_HINT_MAX_BYTES``, half the
 free space of the working directory's disk at most).
 
-The labels are checked before anything is computed (``swift_fast.training.check_label_balance``);
+The labels are checked before anything is computed (``swift_fast.training.splits.check_label_balance``);
 ``check_rollouts`` runs the same check on a rollout file without a model.
 """
 
@@ -32,18 +32,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..rewards.head import SwiftHead, model_fingerprint, resolve_layers
+from ..rewards.head import SwiftHead, resolve_layers
 from ..support.files import sha256_of
-from ..training import (
-    DEFAULT_ALPHA,
-    GROUP_LOSSES,
-    LOSSES,
-    Example,
-    TrainResult,
-    check_label_balance,
-    split_by_problem,
-    train_head,
-)
+from ..training.loop import TrainResult, train_head
+from ..training.losses import GROUP_LOSSES
+from ..training.settings import SOLVERS as SOLVERS  # how a head is fitted; swift-fast 0.1 named them here
+from ..training.settings import TrainSettings, with_overrides
+from ..training.splits import Example, check_label_balance, split_by_problem
 from .features import decoder_parts, extract_features
 from .logprobs import logprobs_from_hidden
 from .rollout_data import RolloutSequences, rollout_sequences
@@ -430,52 +425,84 @@ def _split(rollouts, val_fraction: float, seed: int) -> _Split:
     return _Split(seqs, keep, pid, train_ids, val_ids, examples[False], examples[True])
 
 
-def check_rollouts(rollouts, loss: str = "bce", val_fraction: float = 0.2, seed: int = 0) -> dict:
+def check_rollouts(rollouts, loss: str = TrainSettings.loss, val_fraction: float = TrainSettings.val_fraction,
+                   seed: int = TrainSettings.seed) -> dict:
     """The label balance of the split ``train_from_rollouts`` would make of ``rollouts`` (a path or
-    ``Problem`` list) with these arguments, ``{"train": counts, "val": counts}``; raises
-    ``swift_fast.training.LabelBalanceError`` when that split cannot teach ``loss``. No model needed,
-    so a command can refuse before loading one."""
+    ``Problem`` list) with these settings (their defaults: ``TrainSettings``'s), ``{"train": counts,
+    "val": counts}``; raises ``swift_fast.training.LabelBalanceError`` when that split cannot teach
+    ``loss``. No model needed, so a command can refuse before loading one."""
     sp = _split(rollouts, val_fraction, seed)
     return check_label_balance(sp.train, sp.val, loss)
 
 
-#: how ``train_from_rollouts`` fits a head
-SOLVERS = ("adamw", "probe")
+def _check_solver(s: TrainSettings) -> None:
+    """Refuse what the probe cannot fit, before anything is computed."""
+    if s.resolved_solver != "probe":
+        return
+    if s.loss != "bce":
+        raise ValueError(f"the probe fits binary cross-entropy only: train with the {s.loss} loss by the epoch "
+                         "loop (solver='adamw', --solver adamw)")
+    if s.gate:
+        raise ValueError("the probe fits an ungated head: a gated head is trained by the epoch loop "
+                         "(solver='adamw', --solver adamw)")
+
+
+def _bound_head(parts, s: TrainSettings, model_name: str | None) -> SwiftHead:
+    """A fresh head for the model of ``parts``, bound to it (its fingerprint and name) and on its device."""
+    if s.feature == "logits":
+        sel, width = None, parts.vocab_size
+    else:
+        sel, width = resolve_layers(s.layers, parts.num_layers), parts.hidden_size
+    head = SwiftHead(width, sel, gate=s.gated, alignment=s.alignment, feature=s.feature)
+    config = parts.model.config
+    name = model_name or getattr(config, "name_or_path", "") or getattr(config, "_name_or_path", "")
+    head.bind_model(config, name=name or None)
+    return head.to(parts.device)
+
+
+def _source(model, parts, head: SwiftHead, sp: _Split, cache_dir: str | None) -> HFFeatureSource:
+    """The head's states of every candidate, with a cache made for this data, model and head only."""
+    spec = {
+        "model": head.model_name,
+        "fingerprint": head.model_fingerprint,
+        "dtype": str(parts.lm_head.weight.dtype),
+        "layers": head.layers,
+        "alignment": head.alignment,
+        "feature": head.feature,
+        "data": _data_digest(sp.seqs),
+    }
+    return HFFeatureSource(
+        model, sp.seqs.sequences, sp.seqs.prompt_lengths, head.layers, head.alignment, head.feature, cache_dir, spec,
+        logprob_keys=[e.key for e in sp.val],
+    )
 
 
 def train_from_rollouts(
     model: nn.Module,
     rollouts,
-    layers: str | Sequence[int] = "all",
-    feature: str = "hidden",
-    gate: bool | None = None,
-    alignment: str = "predicting",
-    loss: str = "bce",
-    lr: float = 1e-4,
-    weight_decay: float = 1e-5,
-    batch_size: int = 16,
-    max_epochs: int = 20,
-    patience: int = 3,
-    val_fraction: float = 0.2,
-    seed: int = 0,
-    alpha: float = DEFAULT_ALPHA,
+    settings: TrainSettings | None = None,
+    *,
     cache_dir: str | None = None,
     progress: bool = True,
     model_name: str | None = None,
     on_epoch: Callable | None = None,
-    select: str = "auto",
-    standardize: bool = True,
-    solver: str = "adamw",
-    lambdas: Sequence[float] | None = None,
-    folds: int | None = None,
+    **overrides,
 ) -> tuple[SwiftHead, TrainResult]:
     """Train a SWIFT head for ``model`` on graded rollouts (a rollout file path or ``Problem`` list).
+
+    ``settings``: a ``swift_fast.training.TrainSettings`` (default ``TrainSettings()``, the
+    defaults of ``swift-fast train``); ``overrides``: any of its fields by keyword on top
+    (``train_from_rollouts(model, rollouts, layers="last4", loss="dpo")``); a keyword that is
+    none of them is a ``TypeError`` naming it. ``cache_dir``: keep the features in a
+    memory-mapped file there (``FeatureCache``); ``model_name``: the name the head records
+    (default: the model's ``name_or_path``); ``on_epoch``: as ``train_head`` takes it.
 
     ``solver``: ``"adamw"``, the paper's epoch loop (``swift_fast.training.train_head``: every
     loss, gated or not); ``"probe"``, the ungated head fitted as a logistic regression on mean
     states (``swift_fast.training.probe``: BCE only, strength from ``lambdas`` by ``folds``-fold
     cross-validation over the training problems, then refitted on training and validation
-    candidates). ``gate``: None takes the solver's (gated for adamw, ungated for the probe).
+    candidates); ``"auto"`` (the default), the probe for bce unless ``gate=True``, the epoch loop
+    otherwise. ``gate``: None takes the solver's (gated for adamw, ungated for the probe).
 
     Candidates with an empty response carry no scored token and are left out (counted in the
     head's provenance as ``skipped_empty``). Returns ``(head, result)``; the head is bound to
@@ -488,122 +515,73 @@ def train_from_rollouts(
     cannot teach the loss (a single class for bce/hinge; no problem with both a correct and an
     incorrect candidate for dpo/infonca/nca), with the counts and what to change.
     """
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; expected one of {', '.join(LOSSES)}")
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}")
-    if solver == "probe":
-        if loss != "bce":
-            raise ValueError(f"the probe fits binary cross-entropy only: train with the {loss} loss by the epoch "
-                             "loop (solver='adamw', --solver adamw)")
-        if gate:
-            raise ValueError("the probe fits an ungated head: a gated head is trained by the epoch loop "
-                             "(solver='adamw', --solver adamw)")
-    gate = (solver == "adamw") if gate is None else gate
+    s = with_overrides(settings, overrides, TrainSettings(), "train_from_rollouts")
+    _check_solver(s)
     parts = decoder_parts(model)
-    sp = _split(rollouts, val_fraction, seed)
-    seqs, keep, pid, train_ids, val_ids = sp.seqs, sp.keep, sp.pid, sp.train_ids, sp.val_ids
-    skipped = len(seqs.sequences) - len(keep)
+    sp = _split(rollouts, s.val_fraction, s.seed)
     # before the head, the source and a cache file exist: a refusal costs nothing
-    check_label_balance(sp.train, sp.val, loss)
-    if feature == "logits":
-        sel, width = None, parts.vocab_size
-    else:
-        sel, width = resolve_layers(layers, parts.num_layers), parts.hidden_size
-    head = SwiftHead(width, sel, gate=gate, alignment=alignment, feature=feature)
-    config = parts.model.config
-    name = model_name or getattr(config, "name_or_path", "") or getattr(config, "_name_or_path", "")
-    head.bind_model(config, name=name or None)
-    head.to(parts.device)
-    data_path = os.fspath(rollouts) if isinstance(rollouts, (str, os.PathLike)) else None
-    spec = {
-        "model": name,
-        "fingerprint": model_fingerprint(config),
-        "dtype": str(parts.lm_head.weight.dtype),
-        "layers": head.layers,
-        "alignment": alignment,
-        "feature": feature,
-        "data": _data_digest(seqs),
-    }
-    source = HFFeatureSource(
-        model, seqs.sequences, seqs.prompt_lengths, head.layers, alignment, feature, cache_dir, spec,
-        logprob_keys=[e.key for e in sp.val],
-    )
-    if solver == "probe":
-        from ..training.probe import DEFAULT_FOLDS, DEFAULT_LAMBDAS, train_probe
+    check_label_balance(sp.train, sp.val, s.loss)
+    head = _bound_head(parts, s, model_name)
+    source = _source(model, parts, head, sp, cache_dir)
+    if s.resolved_solver == "probe":
+        from ..training.probe import train_probe
 
         # one pass over the features: a cache is filled only when asked for, in the same pass
-        result = train_probe(head, source, sp.train, sp.val, lams=tuple(lambdas or DEFAULT_LAMBDAS),
-                             folds=folds or DEFAULT_FOLDS, seed=seed, progress=progress)
+        result = train_probe(head, source, sp.train, sp.val, lams=s.lambdas, folds=s.folds, seed=s.seed,
+                             progress=progress)
     else:
-        result = _epochs(head, source, sp, loss, lr, weight_decay, batch_size, max_epochs, patience, seed, alpha,
-                         progress, on_epoch, select, standardize)
-    return head, _provenance(head, result, seqs, keep, pid, train_ids, val_ids, data_path, val_fraction, seed,
-                             loss, alpha, lr, weight_decay, batch_size, max_epochs, patience, standardize, skipped)
+        result = _epochs(head, source, sp, s, progress, on_epoch)
+    data_path = os.fspath(rollouts) if isinstance(rollouts, (str, os.PathLike)) else None
+    return head, _provenance(head, result, sp, data_path, s)
 
 
-def _epochs(head, source, sp, loss, lr, weight_decay, batch_size, max_epochs, patience, seed, alpha, progress,
-            on_epoch, select, standardize) -> TrainResult:
+def _epochs(head, source, sp: _Split, s: TrainSettings, progress: bool, on_epoch) -> TrainResult:
     # a cache is filled in batches of similar length before the first epoch, not in its random order
     source.fill(progress=progress)
-    return train_head(
-        head,
-        source,
-        sp.train,
-        sp.val,
-        loss=loss,
-        lr=lr,
-        weight_decay=weight_decay,
-        batch_size=batch_size,
-        max_epochs=max_epochs,
-        patience=patience,
-        seed=seed,
-        alpha=alpha,
-        progress=progress,
-        on_epoch=on_epoch,
-        select=select,
-        standardize=standardize,
-    )
+    return train_head(head, source, sp.train, sp.val, s, progress=progress, on_epoch=on_epoch)
 
 
-def _provenance(head, result, seqs, keep, pid, train_ids, val_ids, data_path, val_fraction, seed, loss, alpha, lr,
-                weight_decay, batch_size, max_epochs, patience, standardize, skipped) -> TrainResult:
-    labels = [bool(seqs.labels[i]) for i in keep]
+def _how(result: TrainResult, s: TrainSettings) -> dict:
+    """The provenance's record of how the head was fitted."""
+    if result.fit:
+        return {"solver": "probe", **result.fit, "standardize": True}
+    return {
+        "solver": "adamw",
+        "optimizer": {"name": "AdamW", "lr": s.lr, "weight_decay": s.weight_decay},
+        "batch_size": s.batch_size,
+        "max_epochs": s.max_epochs,
+        "patience": s.patience,
+        "select": result.select,
+        "standardize": s.standardize,
+        "epochs_run": result.epochs_run,
+        "best_epoch": result.best_epoch,
+        "stopped_early": result.stopped_early,
+    }
+
+
+def _provenance(head: SwiftHead, result: TrainResult, sp: _Split, data_path: str | None,
+                s: TrainSettings) -> TrainResult:
+    labels = [bool(sp.seqs.labels[i]) for i in sp.keep]
     from .. import __version__
 
-    if result.fit:
-        how = {"solver": "probe", **result.fit, "standardize": True}
-    else:
-        how = {
-            "solver": "adamw",
-            "optimizer": {"name": "AdamW", "lr": lr, "weight_decay": weight_decay},
-            "batch_size": batch_size,
-            "max_epochs": max_epochs,
-            "patience": patience,
-            "select": result.select,
-            "standardize": standardize,
-            "epochs_run": result.epochs_run,
-            "best_epoch": result.best_epoch,
-            "stopped_early": result.stopped_early,
-        }
     head.provenance = finite_or_none({
         "swift_fast": __version__,
         "data": {
             "path": data_path,
             "sha256": sha256_of(data_path) if data_path else None,
-            "problems": len(set(pid)),
-            "candidates": len(keep),
-            "skipped_empty": skipped,
+            "problems": len(set(sp.pid)),
+            "candidates": len(sp.keep),
+            "skipped_empty": len(sp.seqs.sequences) - len(sp.keep),
             "positive_rate": sum(labels) / len(labels),
-            "train_problems": len(train_ids),
-            "val_problems": len(val_ids),
+            "train_problems": len(sp.train_ids),
+            "val_problems": len(sp.val_ids),
             "labels": result.labels,
-            "split": {"by": "problem", "val_fraction": val_fraction, "seed": seed},
+            "split": {"by": "problem", "val_fraction": s.val_fraction, "seed": s.seed},
         },
-        "loss": loss,
-        **({"alpha": alpha} if loss in GROUP_LOSSES else {}),
-        **how,
-        "seed": seed,
+        "loss": s.loss,
+        **({"alpha": s.alpha} if s.loss in GROUP_LOSSES else {}),
+        **_how(result, s),
+        "seed": s.seed,
         "val_metrics": result.val_metrics,
         "baselines": result.baselines,
         "history": result.history,

@@ -17,6 +17,7 @@ import torch
 from ..data.datasets import DataError
 from ..data.rollouts import Problem
 from ..selection import bon
+from ..selection.bootstrap import bootstrap_interval
 
 
 @dataclass
@@ -183,15 +184,9 @@ def _picked(c: Candidates, idx: torch.Tensor) -> torch.Tensor:
     return c.correct.gather(1, idx.view(-1, 1)).squeeze(1).double()
 
 
-def _eligible(c: Candidates, k: int) -> torch.Tensor:
-    """``[P, k]``: the candidates a selection may pick (all but the pruned, unless all were)."""
-    return torch.ones_like(c.correct[:, :k]) if c.pruned is None else bon.eligible(c.pruned, k)
-
-
 def random_choice(c: Candidates, k: int) -> torch.Tensor:
-    """Expected accuracy of a uniformly random pick among the first k (the unpruned ones)."""
-    ok = _eligible(c, k)
-    return (c.correct[:, :k] & ok).double().sum(1) / ok.double().sum(1)
+    """Expected accuracy of a uniformly random pick among the first k (the unpruned ones): :func:`bon.random_pick`."""
+    return bon.random_pick(c.correct, k, c.pruned)
 
 
 def _answers(c: Candidates, k: int) -> list[list[Hashable | None]]:
@@ -211,7 +206,8 @@ def majority(c: Candidates, k: int) -> torch.Tensor:
 
 
 def oracle(c: Candidates, k: int) -> torch.Tensor:
-    return (c.correct[:, :k] & _eligible(c, k)).any(1).double()
+    """pass@k over the unpruned candidates (all, where all were pruned): :func:`bon.oracle`."""
+    return bon.oracle(c.correct, k, c.pruned)
 
 
 def best_of(key: str) -> Selector:
@@ -298,17 +294,10 @@ def standard_selectors(
     return rows
 
 
-def bootstrap_ci(outcomes: torch.Tensor, reps: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of per-problem ``outcomes`` (resampling problems).
-    For a paired difference, pass the per-problem differences."""
-    x = outcomes.double().flatten()
-    if x.numel() == 0:
-        return (float("nan"), float("nan"))
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, x.numel(), (reps, x.numel()), generator=g)
-    means = x[idx].mean(1)
-    lo, hi = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
-    return lo, hi
+#: Percentile bootstrap interval of the mean of per-problem outcomes, resampling problems
+#: (``bootstrap_ci(outcomes, reps=2000, level=0.95, seed=0)``; a paired difference: pass the
+#: per-problem differences). The one bootstrap over problems, under the name reports use.
+bootstrap_ci = bootstrap_interval
 
 
 @dataclass
@@ -441,7 +430,9 @@ def selection_summary(c: Candidates, t: Table, score: str = "SWIFT", reps: int =
     if score not in t.rows:
         raise ValueError(f"no row {score!r} in the table (rows: {', '.join(t.rows)})")
     method = BOOTSTRAP_METHOD.format(reps=reps)
-    single = c.correct[:, :k].double().mean(1)
+    # NOTE: over all k candidates, pruned ones included, as this figure always was; the random row
+    # picks among the unpruned only
+    single = bon.random_pick(c.correct, k)
     d = t.outcomes[score][k] - single
     lo, hi = bootstrap_ci(d, reps=reps)
     internal = [r for r in t.rows if r not in BASELINE_ROWS and r not in TRIVIAL]

@@ -3,6 +3,13 @@
 Every selector looks at the first ``k`` candidates of each problem, in generation order, and
 returns the index of the chosen one (``LongTensor[P]``). Ties go to the lowest index. A NaN
 score never wins over a number (it ranks as ``-inf``).
+
+The rules live here once, and every figure that needs one takes it from here: the pick
+(:func:`bon_select`), pass@k (:func:`oracle`) and the expectation of a random pick
+(:func:`random_pick`), each honouring the candidates stopped during generation (``pruned``).
+Data held flat, one entry per candidate with a problem id (training's validation candidates),
+is laid out as matrices by :func:`by_problem`, whose padding is marked pruned so that no rule
+ever counts it.
 """
 
 from __future__ import annotations
@@ -142,6 +149,27 @@ def bon_accuracy(scores, correct, ks: Iterable[int]) -> dict[int, float]:
     return {k: selection_accuracy(bon_select(scores, k), correct) for k in ks}
 
 
+def _eligible(correct: torch.Tensor, k: int, pruned) -> torch.Tensor:
+    return torch.ones_like(correct[:, :k]) if pruned is None else eligible(pruned, k)
+
+
+def oracle(correct, k: int | None = None, pruned=None) -> torch.Tensor:
+    """pass@k per problem, float64 ``[P]``: 1.0 where one of the first ``k`` candidates (default
+    all) is correct, counting a pruned one only when every one of them was pruned (:func:`eligible`)."""
+    c = torch.as_tensor(correct, dtype=torch.bool)
+    k = c.shape[1] if k is None else k
+    return (c[:, :k] & _eligible(c, k, pruned)).any(1).double()
+
+
+def random_pick(correct, k: int | None = None, pruned=None) -> torch.Tensor:
+    """Expected correctness of a uniformly random pick among the first ``k`` candidates (default
+    all) that may be picked (:func:`eligible`), per problem: float64 ``[P]``."""
+    c = torch.as_tensor(correct, dtype=torch.bool)
+    k = c.shape[1] if k is None else k
+    ok = _eligible(c, k, pruned)
+    return (c[:, :k] & ok).double().sum(1) / ok.double().sum(1)
+
+
 def oracle_accuracy(correct, ks: Iterable[int]) -> dict[int, float]:
     """pass@k: fraction of problems with a correct candidate among the first ``k``."""
     c = torch.as_tensor(correct, dtype=torch.bool)
@@ -149,8 +177,37 @@ def oracle_accuracy(correct, ks: Iterable[int]) -> dict[int, float]:
     for k in ks:
         if not 1 <= k <= c.shape[1]:
             raise ValueError(f"k={k} but there are {c.shape[1]} candidates per problem")
-        out[k] = c[:, :k].any(1).float().mean().item()
+        # NOTE: averaged in float32, as this figure always was (0/1 outcomes convert exactly)
+        out[k] = oracle(c, k).float().mean().item()
     return out
+
+
+def by_problem(groups, *columns) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Flat per-candidate ``columns`` (each ``[N]``) laid out as ``[P, n]`` matrices: one row per
+    problem, problems in sorted order of their ids ``groups`` ``[N]``, a problem's candidates in
+    their order in the columns (generation order), ``n`` the most candidates any problem has.
+
+    Returns ``(matrices, padding)``. ``padding`` bool ``[P, n]`` marks the cells past a problem's
+    last candidate, filled with NaN (floating columns), False (bool) or 0. Passed as ``pruned`` it
+    keeps the padding out of every rule here while the problem has a candidate, which it always
+    has: :func:`bon_select` never picks it, :func:`oracle` and :func:`random_pick` never count it.
+    """
+    g = torch.as_tensor(groups).flatten()
+    uniq, inverse, counts = torch.unique(g, sorted=True, return_inverse=True, return_counts=True)
+    n = int(counts.max()) if len(uniq) else 0
+    order = torch.sort(inverse, stable=True).indices  # by problem, generation order within one
+    row = inverse[order]
+    col = torch.arange(len(g)) - (counts.cumsum(0) - counts)[row]
+    padding = torch.ones(len(uniq), n, dtype=torch.bool)
+    padding[row, col] = False
+    out = []
+    for c in columns:
+        t = torch.as_tensor(c).flatten()
+        fill = float("nan") if t.is_floating_point() else (False if t.dtype == torch.bool else 0)
+        m = torch.full((len(uniq), n), fill, dtype=t.dtype)
+        m[row, col] = t[order]
+        out.append(m)
+    return out, padding
 
 
 def default_ks(n: int) -> list[int]:

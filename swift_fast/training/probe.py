@@ -18,7 +18,7 @@ problems (800 problems x 16: 41.3% against 40.7%) and is reproducible by constru
 gated head stays one flag away (``--solver adamw``), with every other loss.
 
 The pooled vectors are standardised per (state, dimension) over the training candidates and
-the scaling folded into the head exactly (``feature_scaling.fold``, float64), so the head file,
+the scaling folded into the head exactly (``scaling.fold``, float64), so the head file,
 the plugin and the kernels see an ordinary ungated head over raw states. One pass over the
 features (``pooled_states``) is all the model work; a feature cache is never needed. Memory:
 ``candidates x k x d`` float32 (SmolLM2-135M, 12,800 candidates over 31 states: 0.9 GB).
@@ -27,6 +27,8 @@ features (``pooled_states``) is all the model work; a feature cache is never nee
 from __future__ import annotations
 
 import math
+import sys
+import warnings
 from typing import Sequence
 
 import torch
@@ -34,22 +36,13 @@ import torch.nn.functional as F
 
 from ..rewards.head import HeadError, SwiftHead
 from ..support.progress import phase
-from . import (
-    TrainResult,
-    baselines_of,
-    check_label_balance,
-    compute_loss,
-    label_share_warning,
-    selection_metrics,
-    whole_balance,
-    within_problem_auc,
-)
+from .loop import TrainResult, baselines_of
+from .losses import compute_loss
+from .metrics import selection_metrics, within_problem_auc
 from .scaling import STD_FLOOR, FeatureScale, fold
+from .settings import DEFAULT_FOLDS, DEFAULT_LAMBDAS  # settings (TrainSettings.lambdas, .folds): declared there
+from .splits import LabelShareWarning, check_label_balance, describe_balance, label_share_warning, whole_balance
 
-#: L2 strengths tried (on the mean BCE of standardised pooled states), strongest first
-DEFAULT_LAMBDAS = (1.0, 0.3, 0.1, 3e-2, 1e-2, 3e-3, 1e-3)
-#: folds of the cross-validation that picks the strength
-DEFAULT_FOLDS = 3
 #: L-BFGS iterations per fit (warm-started along the path of strengths)
 MAX_ITER = 200
 
@@ -225,11 +218,6 @@ def train_probe(head: SwiftHead, source, train: list, val: list, lams: Sequence[
 
     Raises ``LabelBalanceError`` as ``train_head`` does, and ``HeadError`` for a gated head.
     """
-    import sys
-    import warnings
-
-    from . import LabelShareWarning
-
     check_probe_head(head)
     if not train:
         raise ValueError("no training examples")
@@ -242,8 +230,6 @@ def train_probe(head: SwiftHead, source, train: list, val: list, lams: Sequence[
     examples = list(train) + list(val)
     if progress:
         from tqdm.auto import tqdm
-
-        from . import describe_balance
 
         tqdm.write(f"training split:   {describe_balance(balance['train'])}", file=sys.stderr)
         tqdm.write(f"validation split: {describe_balance(balance['val'])}", file=sys.stderr)
