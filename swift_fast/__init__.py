@@ -30,6 +30,7 @@ _EXPORTS = {
     "DEFAULT_SYSTEM_PROMPT": "rewards.sar",
     # Best-of-N
     "bon_select": "selection.bon",
+    "best_output": "selection.bon",
     "bon_accuracy": "selection.bon",
     "majority_vote": "selection.bon",
     "weighted_vote": "selection.bon",

@@ -319,7 +319,7 @@ def _tail(path: str, n: int = 4000) -> str:
 def serve(model: str, head: str, log_path: str | os.PathLike, *, sar: bool = False, eager: bool = False,
           max_model_len: int = 256, kv_cache_bytes: int | None = None, extra: tuple = (),
           startup_timeout: float = 600.0, cwd: str | None = None, quiet: bool = False):
-    """``swift-fast serve --head HEAD [--sar] MODEL`` (float32, seed 0) on a free loopback port, in its
+    """``swift-fast serve MODEL ... --head HEAD [--sar] ...`` (float32, seed 0) on a free loopback port, in its
     own process group, its output in ``log_path`` at vLLM's INFO level; yields a :class:`Server` once
     ``/health`` answers and stops the whole group afterwards. ``extra``: more ``vllm serve`` arguments.
     ``quiet``: as a user runs it (no ``--verbose``): vLLM's start-up output goes to
@@ -327,8 +327,9 @@ def serve(model: str, head: str, log_path: str | os.PathLike, *, sar: bool = Fal
     port = free_port()
     log_path = os.fspath(log_path)
     own = ["--startup-log", log_path + ".startup"] if quiet else ["--verbose"]
-    cmd = [sys.executable, "-m", "swift_fast", "serve", "--head", head, *(["--sar"] if sar else []), *own, model,
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--seed", "0",
+    # written as `vllm serve` users write it: MODEL first, this command's options among vLLM's
+    cmd = [sys.executable, "-m", "swift_fast", "serve", model, "--host", "127.0.0.1", "--head", head,
+           "--port", str(port), *(["--sar"] if sar else []), *own, "--dtype", "float32", "--seed", "0",
            "--max-model-len", str(max_model_len),
            *(["--kv-cache-memory-bytes", str(kv_cache_bytes)] if kv_cache_bytes else []),
            *(["--enforce-eager"] if eager else []), *extra]

@@ -100,6 +100,65 @@ def test_a_pruned_candidate_is_never_picked_while_another_exists():
     assert torch.isnan(ex[0, 0]) and ex[2].tolist() == [0.2, 0.8, 0.5] and torch.isnan(ex[3, 2])
 
 
+def test_bon_select_takes_none_as_nan():
+    """vLLM reports a value it could not compute as None (README): a score row may hold it."""
+    assert bon_select([[None, 0.2, 0.7], [None, None, None], [0.1, None, 0.1]], 3).tolist() == [2, 0, 0]
+    assert bon_select([[None, 0.2], [0.3, None]], 2, pruned=[[False, True], [True, False]]).tolist() == [0, 1]
+
+
+# -- best_output: the pick over one request's candidates, duck-typed ------------------------------
+def _cand(index, **values):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(index=index, text=f"c{index}", swift_pruned=values.pop("pruned", False), **values)
+
+
+def test_best_output_skips_none_nan_and_pruned_candidates():
+    from types import SimpleNamespace
+
+    from swift_fast import best_output
+
+    nan = float("nan")
+    outs = [_cand(0, swift_score=None, sar=0.1), _cand(1, swift_score=0.9, sar=0.9, pruned=True),
+            _cand(2, swift_score=nan, sar=None), _cand(3, swift_score=0.4, sar=0.2), _cand(4, swift_score=0.6, sar=0.2)]
+    request = SimpleNamespace(outputs=outs)
+    assert best_output(request).index == 4  # 0.9 is pruned, None and NaN never win
+    assert best_output(request, by="sar").index == 3  # a tie at 0.2: the lower index
+    assert best_output(outs[::-1], by="sar").index == 3  # the order is the candidates' own index
+    assert best_output(SimpleNamespace(choices=outs)).index == 4  # an OpenAI response
+    # mappings (JSON choices), and no index: the list order breaks ties
+    assert best_output([{"swift_score": 0.5, "text": "a"}, {"swift_score": 0.5, "text": "b"}])["text"] == "a"
+    # -inf is a value: it may win when it is the only one
+    assert best_output([_cand(0, swift_score=None), _cand(1, swift_score=float("-inf"))]).index == 1
+
+
+def test_best_output_says_why_no_candidate_is_left_or_returns_the_default():
+    from swift_fast import best_output
+
+    none_left = [_cand(0, swift_score=None), _cand(1, swift_score=0.9, pruned=True), _cand(2, swift_score=float("nan"))]
+    why = r"of 3 candidates, 2 without a swift_score value \(None or NaN\) and 1 pruned"
+    with pytest.raises(ValueError, match=why):
+        best_output(none_left)
+    assert best_output(none_left, default=None) is None
+    with pytest.raises(ValueError, match="there are no candidates"):
+        best_output([])
+    with pytest.raises(ValueError, match=r"no candidate has a 'swift' value: check the name"):
+        best_output([_cand(0, swift_score=1.0)], by="swift")
+    with pytest.raises(ValueError, match="is not a number"):
+        best_output([_cand(0, swift_score="high")])
+
+
+def test_the_readme_snippet_failed_where_best_output_does_not():
+    """The README's former one-liner raised on a None score and could pick a pruned candidate."""
+    from swift_fast import best_output
+
+    outs = [_cand(0, swift_score=None), _cand(1, swift_score=2.0, pruned=True), _cand(2, swift_score=1.0)]
+    with pytest.raises(TypeError):
+        max(outs, key=lambda c: c.swift_score)
+    assert max(outs[1:], key=lambda c: c.swift_score).swift_pruned  # the old pick
+    assert best_output(outs).index == 2
+
+
 # -- one home per rule: flat candidates laid out by problem, oracle, random pick, the bootstrap ----
 def test_by_problem_lays_flat_candidates_out_with_padding_marked():
     from swift_fast.selection.bon import by_problem

@@ -38,7 +38,7 @@ def _check_outputs(out, problems, summary):
     for name in ("table.txt", "table.json", "bon.png", "candidates.html", "rollouts.jsonl"):
         assert os.path.getsize(out / name) > 0
     table = json.loads((out / "table.json").read_text())
-    rows = table["accuracy"]
+    rows = {r["name"]: r["accuracy"] for r in table["selectors"].values()}
     for r in ("random", "majority", "SWIFT", "SAR", "SWIFT weighted vote", "SWIFT+SAR rank", "SWIFT+SAR scaled",
               "oracle pass@k"):
         assert r in rows
@@ -49,7 +49,7 @@ def _check_outputs(out, problems, summary):
     text = (out / "table.txt").read_text()
     assert all(r in text for r in trivial) and "best trivial selector at k=" in text
     s = table["summary"]
-    assert s["best_trivial"]["selector"] in (*trivial, "majority")
+    assert s["best_trivial"]["name"] in (*trivial, "majority")
     d = s["swift_minus_best_trivial"]
     assert d["ci95"][0] <= d["difference"] <= d["ci95"][1]
     assert s["signals"]["window"] == 16 and s["signals"]["top_k"] == 20 and s["signals"]["seconds"] >= 0
@@ -69,8 +69,65 @@ def _check_outputs(out, problems, summary):
             assert v <= rows["oracle pass@k"][k] + 1e-12
     k = str(max(int(k) for k in rows["random"]))
     assert abs(rows["random"][k] - summary["single_sample_accuracy"]) < 1e-12
-    html = (out / "candidates.html").read_text()
-    assert html.count("class=\"hi\"") > 0 and html.count("class=\"lo\"") > 0
+    _check_page((out / "candidates.html").read_text())
+
+
+def _check_page(page: str) -> tuple[float, list[tuple[str | None, float]]]:
+    """The page's marking threshold (from its legend) and every token's (class, g*r): a token is
+    coloured exactly when |g*r| reaches the threshold, green when positive, red when negative."""
+    import re
+
+    threshold = float(re.search(r"data-threshold='([^']+)'", page).group(1))
+    tokens = [(m.group(1), float(m.group(2))) for m in
+              re.finditer(r'<span(?: class="(hi|lo)"[^>]*)? title="g\*r = ([-0-9.]+)"', page)]
+    assert tokens and threshold > 0
+    for cls, v in tokens:  # the title rounds to 3 decimals
+        if cls is None:
+            assert abs(v) <= threshold + 5e-4, (v, threshold)
+        else:
+            assert abs(v) >= threshold - 5e-4 and (cls == "hi") == (v > 0), (cls, v, threshold)
+    return threshold, tokens
+
+
+class _Tokenizer:
+    def decode(self, ids):
+        return "".join(f"<{i}>" for i in ids)
+
+
+def test_candidates_page_shows_each_distinct_candidate_once_its_count_the_picks_and_marks_above_a_threshold():
+    """Hand-made inputs: 4 candidates, 3 of them the same text. The page shows 2 rows (the repeated
+    one with count 3 and its indices), the selectors' picks side by side, and colours only the
+    tokens whose |g*r| reaches 5% of the page's largest (10.0): 10.0 and -8.0, not 0.0, -0.3, 0.2."""
+    from swift_fast.data.rollouts import Problem
+    from swift_fast.demo.html import MARK_FRACTION, render, selector_picks
+
+    def cand(ids, score, answer, correct, sar):
+        return {"token_ids": ids, "swift_score": score, "sar": sar, "answer": answer, "correct": correct,
+                "num_tokens": len(ids), "mean_logprob": -0.5, "conf_lowest": 1.0, "conf_tail": 1.0}
+
+    same = [11, 12, 13]
+    p = Problem(id="demo/0", question="4+7", reference="11",
+                candidates=[cand(same, -2.0, "7", False, 0.5), cand(same, -2.0, "7", False, 0.5),
+                            cand([14, 15], 1.0, "11", True, 0.1), cand(same, -2.0, "7", False, 0.5)])
+    values = [[torch.tensor([10.0, 0.0, -0.3])] * 2 + [torch.tensor([-8.0, 0.2])] + [torch.tensor([10.0, 0.0, -0.3])]]
+    picks = selector_picks([p])
+    assert picks[0]["SWIFT"] == 2 and picks[0]["SAR"] == 0 and picks[0]["majority"] == 0
+    assert picks[0]["longest"] == 0 and picks[0]["shortest"] == 2
+    assert list(picks[0])[:4] == ["SWIFT", "SAR", "majority", "longest"]
+    page = render([p], values, _Tokenizer(), "t", "line one\nline two", picks=picks)
+    threshold, tokens = _check_page(page)
+    assert threshold == pytest.approx(MARK_FRACTION * 10.0) == 0.5
+    # each distinct candidate once: 3 + 2 tokens, not 3 x 3 + 2
+    assert sorted(v for _, v in tokens) == [-8.0, -0.3, 0.0, 0.2, 10.0]
+    assert [v for cls, v in tokens if cls] == [10.0, -8.0]
+    assert "<td class='num'>3</td><td>0&ndash;1, 3</td>" in page and "<td class='num'>1</td><td>2</td>" in page
+    assert "4 candidates, 2 distinct, 1 correct" in page
+    # the picks side by side: SWIFT the second distinct candidate (B, correct), SAR and majority the first
+    assert "<th>SWIFT</th><th>SAR</th><th>majority</th><th>longest</th>" in page
+    assert "<th>picks</th><td class='ok'>B &#10003;</td><td class='bad'>A &#10007;</td>" in page
+    assert page.count("class='sel-swift'") == 1
+    assert "g&middot;r &ge; +0.5" in page and "5% of the largest on this page (10)" in page
+    assert "<li>line one</li><li>line two</li>" in page  # summary lines, one each
 
 
 def test_demo_transformers_backend(tmp_path):

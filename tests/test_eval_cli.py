@@ -67,7 +67,8 @@ def test_eval_cli_prints_table_and_writes_plot(tmp_path, capsys):
     assert "majority" in out and "SWIFT+rm scaled" in out and "oracle pass@k" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads(js.read_text())
-    assert summary["accuracy"]["SWIFT"]["4"] == pytest.approx(1 / 3)
+    assert summary["selectors"]["swift"]["accuracy"]["4"] == pytest.approx(1 / 3)
+    assert summary["selectors"]["swift_rm_scaled"]["name"] == "SWIFT+rm scaled"
 
 
 def test_eval_errors_name_file_and_line(tmp_path, capsys):
@@ -140,7 +141,44 @@ def test_eval_grade_fills_answers_and_correctness(tmp_path, capsys):
     assert main(
         ["eval", str(f), "--grade", "--score", "s", "--plot", "none", "--json", str(js), "--bootstrap", "20"]
     ) == 0
-    acc = json.loads(js.read_text())["accuracy"]
+    acc = {r["name"]: r["accuracy"] for r in json.loads(js.read_text())["selectors"].values()}
     assert acc["oracle pass@k"] == {"1": 1.0, "2": 1.0, "4": 1.0}
     assert acc["s"]["4"] == 0.0 and acc["s"]["2"] == 1.0  # highest score: "no idea", then "1.2"
     assert acc["majority"]["4"] == 1.0  # 6/5 and 1.2 share one answer key
+
+
+def test_eval_shows_sar_rows_when_the_file_has_the_column(tmp_path, capsys):
+    """`--sar` means SAR on, as in bon, score and serve: by default SAR's rows come with a file that
+    has the column (`bon --sar` writes `sar`), --sar requires it, --no-sar leaves the rows out; 0.1's
+    `--sar COLUMN` still names the column."""
+    def rows(*argv):
+        assert main(["eval", *map(str, argv), "--plot", "none", "--bootstrap", "20"]) == 0
+        out = capsys.readouterr().out
+        return {line.split("  ")[0] for line in out.splitlines() if line.startswith(("SAR", "SWIFT+", "s2"))}
+
+    plain, with_sar = tmp_path / "plain.jsonl", tmp_path / "sar.jsonl"
+    write_rollouts(plain, _problems())
+    ps = _problems()
+    for p in ps:
+        for i, c in enumerate(p.candidates):
+            c["sar"] = c["s2"] = 0.1 * i
+    write_rollouts(with_sar, ps)
+    assert rows(plain) == set()
+    sar_rows = {"SAR", "SWIFT+SAR rank", "SWIFT+SAR scaled"}
+    assert rows(with_sar) == sar_rows
+    assert rows(with_sar, "--sar") == sar_rows == rows("--sar", with_sar) == rows(with_sar, "--sar", "sar")
+    assert rows(with_sar, "--no-sar") == set()
+    assert rows(with_sar, "--sar-column", "s2") == {"s2", "SWIFT+s2 rank", "SWIFT+s2 scaled"} == rows(
+        with_sar, "--sar", "s2")
+    assert main(["eval", str(plain), "--sar", "--plot", "none"]) == 2
+    assert "no candidate has a score column 'sar'" in capsys.readouterr().err
+
+
+def test_eval_takes_the_first_n_candidates(tmp_path, capsys):
+    f = tmp_path / "r.jsonl"
+    write_rollouts(f, _problems())
+    js = tmp_path / "s.json"
+    for flag in ("--n", "-n"):  # -n: 0.1's spelling
+        assert main(["eval", str(f), flag, "2", "--plot", "none", "--json", str(js), "--bootstrap", "20"]) == 0
+        acc = {r["name"]: r["accuracy"] for r in json.loads(js.read_text())["selectors"].values()}
+        assert set(acc["oracle pass@k"]) == {"1", "2"}

@@ -130,7 +130,7 @@ def test_task_table_names_the_best_trivial_selector_and_the_paired_difference():
     for r in ("longest", "shortest", "mean logprob", "confidence (lowest group)", "confidence (tail)", "majority"):
         assert 0.0 <= t.rows[r][4] <= 1.0
     assert t.rows["longest"][4] == 1.0 and t.rows["SWIFT"][4] == pytest.approx(6 / 8)
-    assert s["best_trivial"] == {"selector": "longest", "accuracy": 1.0}
+    assert s["best_trivial"] == {"selector": "longest", "name": "longest", "accuracy": 1.0}
     d = s["swift_minus_best_trivial"]
     assert d["selector"] == "longest" and d["difference"] == pytest.approx(-2 / 8)
     assert d["ci95"][0] <= -2 / 8 <= d["ci95"][1] and d["ci95"][1] <= 0.0
@@ -145,8 +145,9 @@ def test_eval_cli_adds_the_trivial_rows_when_the_rollouts_have_them(tmp_path, ca
     assert main(["eval", str(f), "--plot", "none", "--json", str(js), "--bootstrap", "50"]) == 0
     out = capsys.readouterr().out
     assert "confidence (lowest group)" in out and "shortest" in out
-    acc = json.loads(js.read_text())["accuracy"]
-    assert acc["longest"]["4"] == 1.0 and acc["confidence (tail)"]["4"] == 0.0  # tail picks c3
+    sel = json.loads(js.read_text())["selectors"]
+    assert sel["longest"]["accuracy"]["4"] == 1.0 and sel["confidence_tail"]["accuracy"]["4"] == 0.0  # tail: c3
+    assert sel["confidence_tail"]["name"] == "confidence (tail)"
     assert main(["eval", str(f), "--plot", "none", "--no-trivial", "--bootstrap", "50"]) == 0
     assert "longest" not in capsys.readouterr().out
 
@@ -208,8 +209,9 @@ def test_selection_summary_by_hand_single_sample_differences_and_truncation():
     d = s["swift_minus_single"]
     assert d["difference"] == pytest.approx(6 / 8 - 1 / 4) and d["ci95"][0] <= 0.5 <= d["ci95"][1]
     assert s["best_trivial"]["selector"] == "longest" and s["swift_minus_best_trivial"]["difference"] == -0.25
-    assert s["best_internal"]["selector"] in ("SWIFT", "SWIFT weighted vote", "SAR", "SWIFT+SAR rank",
-                                              "SWIFT+SAR scaled")
+    assert s["best_internal"]["selector"] in ("swift", "swift_weighted_vote", "sar", "swift_sar_rank",
+                                              "swift_sar_scaled")
+    assert s["score"] == {"selector": "swift", "name": "SWIFT"}
     assert s["candidates"] == 32 and s["truncated"] == {"candidates": 2, "graded_correct": 1}
     text = report.summary_text(s)
     assert "single-sample accuracy 25.0% (mean over all 4 candidates of each problem)" in text
@@ -300,3 +302,102 @@ def test_report_intervals_are_the_one_bootstrap_over_problems_checked_by_brute_f
     d, lo, hi = t.difference_ci("s", "random", 3, reps=400, seed=2)
     diffs = [a - b for a, b in zip(picks["s"], picks["random"])]
     assert d == pytest.approx(sum(diffs) / 5) and [lo, hi] == pytest.approx(interval(diffs), abs=1e-12)
+
+
+def _demo_table(ks=(1, 2, 4), reps=50):
+    c = report.gather(_demo_problems(), ["swift_score", "sar"], signals=True)
+    return report.bon_table(c, report.standard_selectors("swift_score", sar="sar",
+                                                         trivial=report.trivial_selectors(c)), ks=ks, reps=reps)
+
+
+def test_json_report_keys_rows_in_snake_case_with_their_display_names_beside():
+    """Display names ("confidence (lowest group)") are for reading; the JSON keys a program reads
+    are stable snake_case, each row's display name beside it, in table order."""
+    t = _demo_table()
+    js = json.loads(json.dumps(t.to_json()))
+    assert set(js) == {"num_problems", "ks", "selectors"}
+    assert list(js["selectors"]) == ["random", "majority", "longest", "shortest", "mean_logprob",
+                                     "confidence_lowest_group", "confidence_tail", "swift", "sar",
+                                     "swift_weighted_vote", "swift_sar_rank", "swift_sar_scaled", "oracle_pass_at_k"]
+    assert [r["name"] for r in js["selectors"].values()] == list(t.rows)
+    row = js["selectors"]["confidence_lowest_group"]
+    assert row["name"] == "confidence (lowest group)" and set(row) == {"name", "accuracy", "ci95"}
+    assert row["accuracy"]["4"] == t.rows["confidence (lowest group)"][4]
+    assert row["ci95"]["4"] == list(t.ci["confidence (lowest group)"][4])
+    # keys stay unique when a score column is named like another row
+    assert report.selector_keys(["SWIFT", "swift", "rm score", "rm_score"]) == {
+        "SWIFT": "swift", "swift": "swift_2", "rm score": "rm_score", "rm_score": "rm_score_2"}
+    # the summary names each row it refers to by key and display name alike
+    c = report.gather(_demo_problems(), ["swift_score", "sar"], signals=True)
+    s = report.selection_summary(c, t, "SWIFT", reps=50)
+    assert s["score"] == {"selector": "swift", "name": "SWIFT"}
+    assert s["best_trivial"]["selector"] == "longest" and s["swift_minus_best_trivial"]["name"] == "longest"
+    assert s["trivial"]["confidence_lowest_group"] == {"name": "confidence (lowest group)",
+                                                       "accuracy": t.rows["confidence (lowest group)"][4]}
+    assert all(" " not in k and "(" not in k for k in s["trivial"])
+
+
+def test_csv_report_one_line_per_selector_and_k(tmp_path, capsys):
+    import csv
+
+    t = _demo_table()
+    path = report.save_csv(t, str(tmp_path / "t.csv"))
+    with open(path, newline="") as f:
+        lines = list(csv.DictReader(f))
+    assert list(lines[0]) == ["selector", "name", "k", "accuracy", "ci95_low", "ci95_high"]
+    assert len(lines) == len(t.rows) * len(t.ks)
+    keys = t.row_keys()
+    for line in lines:
+        name, k = line["name"], int(line["k"])
+        assert line["selector"] == keys[name]
+        assert float(line["accuracy"]) == t.rows[name][k]  # full precision
+        assert [float(line["ci95_low"]), float(line["ci95_high"])] == list(t.ci[name][k])
+    assert [(x["selector"], x["k"]) for x in lines[:4]] == [("random", "1"), ("random", "2"), ("random", "4"),
+                                                             ("majority", "1")]
+    # `eval --csv` writes the same table
+    f = tmp_path / "r.jsonl"
+    write_rollouts(f, _demo_problems())
+    out = tmp_path / "eval.csv"
+    assert main(["eval", str(f), "--plot", "none", "--csv", str(out), "--bootstrap", "50"]) == 0
+    assert f"table: {out}" in capsys.readouterr().out
+    with open(out, newline="") as fh:
+        got = {(x["selector"], x["k"]): float(x["accuracy"]) for x in csv.DictReader(fh)}
+    assert got[("longest", "4")] == 1.0 and got[("swift", "4")] == pytest.approx(6 / 8)
+    assert got[("oracle_pass_at_k", "1")] == t.rows["oracle pass@k"][1]
+
+
+def test_plot_keeps_the_score_best_trivial_and_oracle_prominent_the_rest_muted(tmp_path, monkeypatch):
+    """Read back from matplotlib's own objects: SWIFT bold and on top of every line (the oracle
+    coincides with it here at k=4 on some problems), the best trivial selector (longest) and the
+    oracle prominent, every other row thin and grey under one legend entry."""
+    from matplotlib.colors import to_rgb
+
+    from swift_fast.reports import plotting
+
+    t = _demo_table()
+    figs = []
+    real_save = plotting.save
+    monkeypatch.setattr(plotting, "save", lambda fig, path: (figs.append(fig), real_save(fig, path))[1])
+    report.plot(t, str(tmp_path / "bon.png"), title="demo")
+    (fig,) = figs
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert set(lines) == set(t.rows)
+    swift, best, oracle = lines["SWIFT"], lines["longest"], lines["oracle pass@k"]
+    muted = [ln for name, ln in lines.items() if name not in ("SWIFT", "longest", "oracle pass@k")]
+    assert len(muted) == len(t.rows) - 3
+    assert swift.get_zorder() > max(ln.get_zorder() for ln in lines.values() if ln is not swift)
+    assert swift.get_linewidth() > best.get_linewidth() >= 2.0 and oracle.get_linewidth() >= 1.5
+    assert oracle.get_linestyle() == "--"
+    for ln in muted:
+        r, g, b = to_rgb(ln.get_color())
+        assert ln.get_linewidth() <= 1.0 and ln.get_zorder() < best.get_zorder(), ln.get_label()
+        assert max(r, g, b) - min(r, g, b) < 0.05, ln.get_label()  # grey
+    colours = {to_rgb(ln.get_color()) for ln in (swift, best, oracle)}
+    assert len(colours) == 3
+    legend = [x.get_text() for x in ax.get_legend().get_texts()]
+    assert len(legend) == 4 and legend[0].startswith("SWIFT") and "longest (best trivial selector)" in legend[1]
+    assert legend[2].startswith("oracle pass@k") and legend[3].startswith("other selectors:")
+    assert "confidence (lowest group)" in legend[3].replace("\n", " ")
+    assert report.plot_roles(t)["longest"] == "best trivial" == report.plot_roles(t, ["SAR"])["longest"]
+    assert report.plot_roles(t, ["SAR"])["SAR"] == "score" and report.plot_roles(t, ["SAR"])["SWIFT"] == "muted"

@@ -3,6 +3,7 @@ the candidates' SWIFT and SAR scores are checked against the Hugging Face refere
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -27,12 +28,13 @@ def test_bon_cli_generates_scores_grades_and_reports(tmp_path, capsys):
         [("What is 2 + 3?", "5"), ("What is 7 * 6?", "42"), ("Let x be 3x + 5 = 20. What is x?", "5")])]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run" / "bon.jsonl"
-    rc = main([
+    args = [
         "bon", "--model", path, "--head", str(hp), "--data", str(data), "--n", "4", "--sar",
         "--max-new-tokens", "8", "--dtype", "float32", "--out", str(out), "--bootstrap", "50",
         "--vllm", "enforce_eager=true", "--vllm", "max_model_len=256",
         "--vllm", f"kv_cache_memory_bytes={1024 * KV_BYTES_PER_TOKEN}",
-    ])
+    ]
+    rc = main(args)
     captured = capsys.readouterr()
     printed = captured.out
     assert rc == 0, printed
@@ -63,7 +65,7 @@ def test_bon_cli_generates_scores_grades_and_reports(tmp_path, capsys):
     rows = ["random", "majority", "longest", "shortest", "mean logprob", "confidence (lowest group)",
             "confidence (tail)", "SWIFT", "SAR", "SWIFT weighted vote", "SWIFT+SAR rank", "SWIFT+SAR scaled",
             "oracle pass@k"]
-    assert list(summary["accuracy"]) == rows
+    assert [r["name"] for r in summary["selectors"].values()] == rows
     for p in problems:
         for c in p.candidates:
             assert c["num_tokens"] == len(c["token_ids"]) and "swift_trace" not in c
@@ -76,14 +78,29 @@ def test_bon_cli_generates_scores_grades_and_reports(tmp_path, capsys):
     assert s["single_sample_accuracy"] == pytest.approx(single)
     assert s["truncated"]["candidates"] == sum(c["finish_reason"] == "length" for p in problems for c in p.candidates)
     assert f"single-sample accuracy {100 * single:.1f}%" in printed and "SWIFT@4 minus single sample" in printed
-    assert f"SWIFT@4 minus {s['best_trivial']['selector']}" in printed and "stopped at the length limit" in printed
+    assert f"SWIFT@4 minus {s['best_trivial']['name']}" in printed and "stopped at the length limit" in printed
     # `eval` on the same file: the same rows, the same figures
-    rc = main(["eval", str(out), "--sar", "sar", "--bootstrap", "50", "--plot", "none",
+    rc = main(["eval", str(out), "--sar", "--bootstrap", "50", "--plot", "none",
                "--json", str(tmp_path / "eval.json")])
     assert rc == 0
     ev = json.loads((tmp_path / "eval.json").read_text())
-    assert list(ev["accuracy"]) == rows and ev["accuracy"] == summary["accuracy"]
+    def acc(js):
+        return {key: (r["name"], r["accuracy"]) for key, r in js["selectors"].items()}
+
+    assert acc(ev) == acc(summary)  # keys, names and accuracies (the intervals differ: fewer resamples)
     assert ev["summary"]["single_sample_accuracy"] == pytest.approx(single)
+    # the run's record: in the summary, beside the rollouts and on every line; the head by its digest
+    run = summary["run"]
+    assert run["record"]["head"] == {"sha256": hashlib.sha256(hp.read_bytes()).hexdigest()}
+    assert run["record"]["engine"] == {"dtype": "float32", "vllm": {"max_model_len": 256}}
+    assert json.loads((tmp_path / "run" / "bon.run.json").read_text()) == run
+    assert {p.extra["run_id"] for p in problems} == {run["run_id"]}
+    # an identical rerun resumes; with nothing left to generate no engine starts (no vLLM log)
+    (tmp_path / "run" / "bon.vllm.log").unlink()
+    capsys.readouterr()
+    assert main(args + ["--no-progress"]) == 0
+    assert "(0 problems generated, 3 already there)" in capsys.readouterr().out
+    assert not (tmp_path / "run" / "bon.vllm.log").exists()
 
 
 def test_bon_cli_rejects_a_bad_vllm_argument(tmp_path, capsys):
@@ -149,7 +166,7 @@ def test_bon_cli_prune_compares_with_full_best_of_n_on_the_same_draws(tmp_path, 
     pr = summary["prune"]
     assert pr["measured"]["tokens"] == measured.total_tokens and pr["seconds"]["pruned"] > 0
     assert {r["settings"]["signal"] for r in pr["sweep"]} == {"swift", "confidence", "combined", "random"}
-    assert {"longest", "confidence (lowest group)", "confidence (tail)"} <= set(summary["accuracy"])
+    assert {"longest", "confidence_lowest_group", "confidence_tail"} <= set(summary["selectors"])
     assert (tmp_path / "run" / "bon.prune.png").stat().st_size > 1000
     assert "pruned run:" in printed and "vLLM wall time" in printed
     # a rerun with other settings does not resume the pruned run written with these
@@ -158,8 +175,11 @@ def test_bon_cli_prune_compares_with_full_best_of_n_on_the_same_draws(tmp_path, 
         "--dtype", "float32", "--out", str(out), "--no-progress", "--prune", "keep=0.25",
         "--vllm", "enforce_eager=true", "--vllm", "max_model_len=256",
     ])
-    assert rc == 2 and "bon.pruned.jsonl:1: the pruned run resumes from rollouts generated with plugin settings" in \
-        capsys.readouterr().err
+    err = capsys.readouterr().err
+    # the full run is the same run (memory and scheduling keywords are not part of it): it is the pruned run's
+    # pruning that differs, refused before the engine starts
+    assert rc == 2 and "bon.pruned.jsonl: cannot resume the pruned run: its rollouts were generated with " \
+        "plugin.request.prune." in err, err
 
 
 def test_bon_cli_prune_rejects_bad_settings_by_name(tmp_path, capsys):

@@ -22,6 +22,7 @@ pytest.importorskip("vllm")
 
 from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, TEXTS, Ref, env, make_head, shutdown, sp, tokens
 
+from swift_fast.selection.bon import best_output
 from swift_fast.selection.pruning import PruneConfig, PruneConfigError, threshold, to_prune
 from swift_fast.testing import build_tiny_model
 
@@ -143,6 +144,10 @@ def check_group(ref, head, prompt, outputs, cfg: PruneConfig, sar=True, ahead: i
             assert c.finish_reason in ("stop", "length")
             if sar:
                 assert isinstance(c.sar, float)
+    # the README's pick on real outputs: the best score among the candidates pruning kept
+    best = best_output(outputs)
+    assert not best.swift_pruned
+    assert best.swift_score == max(c.swift_score for c in outputs if not c.swift_pruned)
     return pruned
 
 

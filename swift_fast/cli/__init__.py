@@ -18,6 +18,7 @@ COMMANDS = {
     "import-head": ("import_head", "convert a SWIFT paper reference checkpoint (.pt) into a swift-fast head"),
     "import-model": ("import_model", "convert a GGUF checkpoint (llama.cpp, Ollama) into a checked, cached model"),
     "serve": ("serve", "OpenAI-compatible server (vLLM) whose responses carry SWIFT scores"),
+    "head": ("head", "what a head holds and was trained on (info); publish it on the Hugging Face Hub (push)"),
 }
 
 EPILOG = """\
@@ -28,6 +29,8 @@ typical flow:
   swift-fast bon     --model M --head head.safetensors --data test.jsonl --n 16
   swift-fast eval    scored.jsonl --score swift_score --external rm_score
   swift-fast import-head reward_model.pt --model M  # a head trained with the SWIFT paper's code
+  swift-fast head info head.safetensors             # what a head holds; `head push` publishes it
+  swift-fast bon     --model M --head org/name ...  # a head from the Hugging Face Hub
   swift-fast collect --model model.Q4_K_M.gguf ...  # a GGUF file works wherever a model does
 
 `swift-fast COMMAND --help` explains each command.
@@ -45,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     from swift_fast import __version__
 
     parser.add_argument("--version", action="version", version=f"swift-fast {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    from .options import CommandParser
+
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     for name, (mod, help_) in COMMANDS.items():
         if _wants(name):
             importlib.import_module(f".{mod}", __name__).add_parser(sub, name, help_)

@@ -19,7 +19,9 @@ Prompts and sampling are those of `swift-fast collect` (the dataset's template, 
 text, answer, correctness, `swift_score`, `swift_tokens`, `sar` and the trivial selectors'
 columns (`num_tokens`, DeepConf's `conf_lowest` and `conf_tail`, with --sar `mean_logprob`), so
 `swift-fast eval` on it shows the same rows. Resumable: problems are written as they finish and a
-rerun skips those already in --out.
+rerun skips those already in --out, only when they were generated with the same model, head, data
+and settings (recorded in <out>.run.json, on every line and in the summary; a rerun with another
+is refused before the engine starts, naming the difference: --overwrite starts again).
 
 Under the table: the single-sample accuracy (the mean over all N candidates; the k=1 column is the
 first candidate alone), SWIFT@N minus a single sample and minus the best trivial selector with
@@ -35,8 +37,8 @@ swift|confidence|combined, warmup, every, keep, min_keep, window; defaults in
 <out>.pruned.jsonl. It reports both runs' generated tokens and vLLM wall time (both runs traced),
 BoN@N with the paired 95% interval of the difference, and <out>.prune.png: accuracy against
 tokens for a sweep of settings of every signal (SWIFT's running score, DeepConf's confidence,
-both), replayed on the full run's per-token values. A rerun resumes a run only when it was
-written with the same settings.
+both), replayed on the full run's per-token values. The pruned run's record includes the
+pruning settings: a rerun resumes it only with the same.
 """
 
 EXAMPLES = """\
@@ -54,22 +56,22 @@ examples:
 def add_parser(sub, name, help_):
     p = options.command(sub, name, help_, DESCRIPTION, EXAMPLES)
     options.add_model(p)
-    p.add_argument("--head", required=True, help="SWIFT head file trained for this model")
+    p.add_argument("--head", required=True, help="SWIFT head trained for this model: a file, or a Hugging Face "
+                   "Hub repository id org/name[@revision][:file] (file default head.safetensors)")
     options.add_data(p)
     p.add_argument("--out", help="rollout JSONL (default: bon-<data>-n<N>.jsonl in the current folder)")
     p.add_argument("--sar", action="store_true", help="also compute SAR and report SAR and its combinations with SWIFT")
-    options.add_generation_args(p, n=16, enforce_eager=False)
-    p.add_argument("--dtype", default="auto", help="model dtype (default auto)")
+    options.add_generation_args(p, n=16)
+    options.add_engine_args(p, choose_engine=False)
     p.add_argument("--ks", help="comma-separated k values (default: 1, 2, 4, ... N)")
     p.add_argument("--plot", help="PNG path (default: <out>.bon.png); 'none' to skip")
     p.add_argument("--json", help="summary JSON path (default: <out>.summary.json)")
-    p.add_argument("--vllm", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra vllm.LLM argument (value parsed as JSON when it can be), repeatable")
     p.add_argument("--prune", nargs="?", const="{}", metavar="SETTINGS",
                    help="also run Best-of-N with pruning during generation and compare (see above); SETTINGS as "
                         'JSON (\'{"keep": 0.5}\') or key=value,key=value (default: the defaults)')
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the intervals (default 2000)")
     options.add_no_progress(p)
+    options.add_overwrite(p)
     return p
 
 
@@ -108,7 +110,8 @@ def run(args) -> int:
         print("error: --n must be at least 1", file=sys.stderr)
         return 2
     try:
-        result = run_bon(args.model, args.head, args.data, args.out or None, bon_config(args), on_table=show_table)
+        result = run_bon(args.model, args.head, args.data, args.out or None, bon_config(args), on_table=show_table,
+                         overwrite=args.overwrite)
     except (DataError, HeadError, VllmSurfaceError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -19,9 +19,11 @@ text). After the first chunk, a warning says so when almost nothing is correct (
 what to try: data that cannot teach a head is caught before the long run.
 
 Uses vLLM when it is installed (--engine auto), else transformers. Resumable: problems are
-written as they finish and a rerun skips the ids already in --out. Sampling is seeded per
-problem from --seed and the problem id. Progress counts candidates as they finish; vLLM's own
-output goes to <out>.vllm.log (--verbose shows it).
+written as they finish and a rerun skips the ids already in --out, only when they were generated
+with the same model, data and settings (recorded in <out>.run.json and on every line; a rerun
+with another is refused before the engine starts, naming the difference: --overwrite starts
+again). Sampling is seeded per problem from --seed and the problem id. Progress counts
+candidates as they finish; vLLM's own output goes to <out>.vllm.log (--verbose shows it).
 """
 
 EXAMPLES = """\
@@ -38,17 +40,10 @@ def add_parser(sub, name, help_):
     options.add_model(p)
     options.add_data(p)
     p.add_argument("--out", required=True, help="rollout JSONL to write (resumed when it exists)")
-    options.add_generation_args(p, n=8, enforce_eager=True)
-    p.add_argument("--engine", choices=("auto", "vllm", "transformers"), default="auto",
-                   help="generation engine (default auto)")
-    p.add_argument("--dtype", default="auto", help="model dtype (default auto)")
-    p.add_argument("--device", default="auto", help="transformers engine: auto, cpu, cuda, ...")
-    p.add_argument("--gpu-memory-utilization", type=float,
-                   help="vLLM memory share (default 0.9 on a GPU, 0.3 on the CPU where it means host memory)")
-    p.add_argument("--enforce-eager", choices=("auto", "yes", "no"), default="auto",
-                   help="vLLM without torch.compile/CUDA graphs (auto: no on a GPU or with pipeline stages, "
-                        "yes otherwise on the CPU)")
+    options.add_generation_args(p, n=8)
+    options.add_engine_args(p, choose_engine=True)
     options.add_no_progress(p)
+    options.add_overwrite(p)
     return p
 
 
@@ -59,7 +54,8 @@ def run(args) -> int:
 
     try:
         stats = run_collect(args.model, args.data, args.out, options.collect_config(args), options.engine_config(args),
-                            kind=args.kind, limit=args.limit, progress=not args.no_progress, verbose=args.verbose)
+                            kind=args.kind, limit=args.limit, progress=not args.no_progress, verbose=args.verbose,
+                            overwrite=args.overwrite)
     except (DataError, UnsupportedModelError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

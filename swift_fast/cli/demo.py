@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+
+from . import options
+
+DESCRIPTION = """\
+Best-of-N on the two embedded tasks, with their models and heads: nothing to download. For each
+task, samples N candidates per held-out problem through the vLLM plugin (CPU), prints the
+Best-of-N table with 95% confidence intervals (SWIFT, SAR and the trivial selectors: majority,
+length, mean log-prob, DeepConf confidence), runs Best-of-N again with the weakest candidates
+pruned during generation and prints the tokens, time and accuracy that saved, and writes plots,
+an HTML page of candidates with their SWIFT token scores, and the rollouts.
+"""
+
+EXAMPLES = """\
+examples:
+  swift-fast demo                                  # both tasks, results in demo_out/
+  swift-fast demo --task forget --limit 20 --n 8   # one task, a quick look
+  swift-fast demo --engine transformers            # without vLLM
+  swift-fast demo build --task lag --work demo_build   # retrain the lag task's model and head
+  swift-fast demo real --out real_out              # the real-model recipe (SmolLM2-135M, about an hour)
+"""
 
 
 def add_parser(sub, name, help_):
-    p = sub.add_parser(
-        name,
-        help=help_,
-        description=help_ + ". For each task, samples N candidates per held-out problem through the vLLM "
-        "plugin (CPU), prints the Best-of-N table with 95% confidence intervals (SWIFT, SAR and the trivial "
-        "selectors: majority, length, mean log-prob, DeepConf confidence), runs Best-of-N again with the weakest "
-        "candidates pruned during generation and prints the tokens, time and accuracy that saved, and writes "
-        "plots, an HTML page of candidates with their SWIFT token scores, and the rollouts.",
-    )
+    p = options.command(sub, name, help_, DESCRIPTION, EXAMPLES)
     p.add_argument("action", nargs="?", choices=("run", "build", "ablations", "real", "real-ablations"),
                    default="run",
                    help="run (default): the demo; build: retrain the model and head from nothing (CPU); "
@@ -33,8 +46,11 @@ def add_parser(sub, name, help_):
                    help="run: output folder (default demo_out, one subfolder per task); build: artefact folder "
                         "(default: the shipped one of --task)")
     p.add_argument("--assets", default=None, help="artefact folder to run on (default: the shipped one of --task)")
-    p.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto",
-                   help="generation engine: the vLLM plugin (default when vLLM imports) or transformers")
+    p.add_argument("--engine", choices=("auto", "vllm", "transformers"), default="auto",
+                   help="generation engine: the vLLM plugin (default when vLLM imports) or transformers, as "
+                        "`collect --engine`")
+    p.add_argument("--backend", dest="engine", choices=("auto", "vllm", "transformers"), default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # 0.1's spelling
     p.add_argument("--limit", type=int, default=None, help="run on the first N held-out problems only")
     p.add_argument("--split", choices=("test", "train"), default="test",
                    help="run: the held-out problems (default), or the training problems (to choose pruning "
@@ -42,14 +58,14 @@ def add_parser(sub, name, help_):
     p.add_argument("--no-prune", action="store_true",
                    help="run: no pruned run beside full Best-of-N (the replayed sweep of settings still runs)")
     p.add_argument("--n", type=int, default=16, help="candidates per problem (default 16)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--show", type=int, default=4, help="problems shown in the HTML page")
     p.add_argument("--work", default="demo_build",
                    help="build: folder for intermediates (model, rollouts), one subfolder per task")
     p.add_argument("--reuse", action="store_true", help="build: keep the model and rollouts already in --work")
     p.add_argument("--rollouts", default=None,
                    help="ablations: the run whose candidates are scored (default demo_out/<task>/rollouts.jsonl)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    options.add_no_progress(p)
     p.add_argument("--verbose", action="store_true",
                    help="run: show vLLM's logs, warnings and loading bars here (default: only the demo's own output; "
                         "vLLM's errors still show, and what the engine prints goes to <out>/vllm.log)")
@@ -97,7 +113,7 @@ def run(args) -> int:
         roots = {t: args.assets or A.TASK_DIRS[t] for t in tasks}
         # this command's own process and its engines: a library call never does this
         with quiet_engine(os.path.join(out, "vllm.log"), verbose=args.verbose):
-            run_tasks(out_dir=out, roots=roots, backend=args.backend, limit=args.limit, n=args.n,
+            run_tasks(out_dir=out, roots=roots, backend=args.engine, limit=args.limit, n=args.n,
                       seed=args.seed, show=args.show, progress=not args.no_progress, prune=not args.no_prune,
                       split=f"{args.split}.jsonl")
     except A.AssetError as e:

@@ -13,8 +13,13 @@ vote, the trivial intrinsic selectors whose columns the candidates have (longest
 by `num_tokens`, else the length of `token_ids`; highest `mean_logprob`; DeepConf's
 `conf_lowest` and `conf_tail`, as `swift-fast demo` records them with
 swift_fast.hf.record_signals), best-of-k by each score column, the score-weighted vote, rank and
-scaled combinations with --external / --sar, and oracle pass@k. Each cell carries a 95%
+scaled combinations with --external and with SAR, and oracle pass@k. Each cell carries a 95%
 bootstrap confidence interval over problems.
+
+SAR's rows (SAR alone, and its rank and scaled combinations with --score) are shown whenever the
+candidates have the SAR column (`sar`, as `bon --sar` and `score --sar` write it; --sar-column
+names another): --sar means what it means in `bon`, `score` and `serve`, SAR on, and here makes
+a file without the column an error; --no-sar leaves the rows out.
 
 BoN@k uses the first k candidates of each problem in generation order; ties go to the lowest
 index; a missing score (null) never wins. Candidates need a boolean `correct` (or use --grade)
@@ -30,21 +35,28 @@ EXAMPLES = """\
 examples:
   swift-fast eval scored.jsonl
   swift-fast eval scored.jsonl --score swift_score --external rm_score --plot bon.png
-  swift-fast eval rollouts.jsonl --grade --score logprob_mean --ks 1,4,16
+  swift-fast eval rollouts.jsonl --grade --score mean_logprob --ks 1,4,16
+  swift-fast eval bon.jsonl --n 8 --no-sar     # the first 8 candidates of each problem, no SAR rows
 """
 
 
 def add_parser(sub, name, help_):
-    p = sub.add_parser(
-        name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("rollouts", help="rollout JSONL with scored candidates")
+    from . import options
+
+    p = options.command(sub, name, help_, DESCRIPTION, EXAMPLES)
+    p.add_argument("rollouts", metavar="ROLLOUTS", help="rollout JSONL with scored candidates")
     p.add_argument("--score", default="swift_score", help="candidate field to select by (default: swift_score)")
     p.add_argument("--external",
                    help="a second score column (e.g. a reward model's) to combine with --score by rank and scaled")
-    p.add_argument("--sar", help="the SAR column, when present (e.g. sar): selected by alone and combined with --score")
+    p.add_argument("--sar", action=argparse.BooleanOptionalAction, default=None,
+                   help="SAR's rows: --sar requires the SAR column, --no-sar leaves the rows out (default: shown "
+                        "when the candidates have the column)")
+    p.add_argument("--sar-column", default="sar", metavar="COLUMN",
+                   help="candidate field of SAR, as `score --sar-column` writes it (default: sar)")
     p.add_argument("--ks", help="comma-separated k values (default: 1, 2, 4, ... N)")
-    p.add_argument("-n", type=int, help="candidates per problem to use (default: the fewest any problem has)")
+    p.add_argument("--n", type=int,
+                   help="candidates per problem to use, the first N (default: the fewest any problem has)")
+    p.add_argument("-n", dest="n", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # 0.1's spelling
     p.add_argument("--grade", action="store_true",
                    help="(re)grade candidates from their text and the problem's reference")
     p.add_argument("--lenient-truncation", action="store_true",
@@ -52,6 +64,9 @@ def add_parser(sub, name, help_):
                         "wrong unless it completed a final answer statement before the limit)")
     p.add_argument("--plot", help="PNG path (default: next to the input, <name>.bon.png); 'none' to skip")
     p.add_argument("--json", help="write the summary as JSON here")
+    p.add_argument("--csv", metavar="PATH",
+                   help="write the table as CSV here: one line per selector and k (selector key, name, k, accuracy, "
+                        "95%% CI low, high; fractions)")
     p.add_argument("--skip-bad", action="store_true",
                    help="skip malformed lines (counted) instead of stopping at the first")
     p.add_argument("--bootstrap", type=int, default=2000,
@@ -59,7 +74,30 @@ def add_parser(sub, name, help_):
     p.add_argument("--no-ci", action="store_true", help="print accuracies without intervals")
     p.add_argument("--no-trivial", action="store_true",
                    help="leave out the trivial selectors (longest, shortest, mean logprob, confidence)")
+    p.prepare = old_sar_column
     return p
+
+
+def old_sar_column(parser, args: list) -> tuple[list, dict]:
+    """``--sar COLUMN``, this command's spelling in 0.1 (the SAR column's name), read as ``--sar
+    --sar-column COLUMN`` so that old command lines keep working: when a bare word follows --sar
+    and another bare word is left to be ROLLOUTS (``eval --sar scored.jsonl`` is the switch and
+    the file). ``--sar=COLUMN`` likewise. (:class:`~swift_fast.cli.options.CommandParser`)"""
+    from .options import read_words
+
+    words = read_words(args, parser.option_table(), abbrev=parser.allow_abbrev)
+    bare = sum(len(w.tokens) - (w.kind == "rest") for w in words if w.kind in ("word", "rest"))
+    out: list = []
+    for i, w in enumerate(words):
+        if w.kind == "option" and w.flag == "--sar":
+            if "=" in w.tokens[0]:
+                out += ["--sar", "--sar-column", w.tokens[0].partition("=")[2]]
+                continue
+            if bare >= 2 and i + 1 < len(words) and words[i + 1].kind == "word":
+                out += ["--sar", "--sar-column"]  # the next word is its value
+                continue
+        out += w.tokens
+    return out, {}
 
 
 def regrade(problems, truncation: str = "strict") -> dict:
@@ -105,6 +143,20 @@ def trace_columns(problems) -> int:
     return done
 
 
+def sar_key(args, problems) -> str | None:
+    """The SAR column the report shows: --sar-column with --sar, none with --no-sar, and by default
+    the column when some candidate has a number there (``bon --sar`` writes it; a model without a
+    BOS token leaves it null). Never a second row for a column that is --score or --external."""
+    key = args.sar_column
+    if args.sar is False or key in (args.score, args.external):
+        return None
+    if args.sar:
+        return key
+    present = any(isinstance(c.get(key), (int, float)) and not isinstance(c.get(key), bool)
+                  for p in problems for c in p.candidates)
+    return key if present else None
+
+
 def run(args) -> int:
     from ..data.datasets import DataError
     from ..data.rollouts import read_rollouts
@@ -117,14 +169,15 @@ def run(args) -> int:
             print(f"skipped {stats['skipped']} malformed lines (first: {stats['errors'][0]})", file=sys.stderr)
         if args.grade:
             regrade(problems, "lenient" if args.lenient_truncation else "strict")
-        keys = [k for k in (args.score, args.sar, args.external) if k]
+        sar = sar_key(args, problems)
+        keys = [k for k in (args.score, sar, args.external) if k]
         if not args.no_trivial:
             trace_columns(problems)
         cands = report.gather(problems, keys, n=args.n, where=args.rollouts, signals=not args.no_trivial)
         ks = [int(x) for x in args.ks.split(",")] if args.ks else None
         trivial = None if args.no_trivial else report.trivial_selectors(cands)
         table = report.bon_table(
-            cands, report.standard_selectors(args.score, args.external, args.sar, trivial), ks, reps=args.bootstrap
+            cands, report.standard_selectors(args.score, args.external, sar, trivial), ks, reps=args.bootstrap
         )
         summary = report.selection_summary(cands, table, report.selector_name(args.score), reps=args.bootstrap)
     except (DataError, ValueError) as e:
@@ -141,4 +194,7 @@ def run(args) -> int:
     if args.json:
         report.save_json(table, args.json, summary=summary, source=os.path.abspath(args.rollouts))
         print(f"summary: {args.json}")
+    if args.csv:
+        report.save_csv(table, args.csv)
+        print(f"table: {args.csv}")
     return 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -36,13 +35,13 @@ examples:
 
 
 def add_parser(sub, name, help_):
-    p = sub.add_parser(
-        name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    from . import options
+
+    p = options.command(sub, name, help_, DESCRIPTION, EXAMPLES)
     p.add_argument("checkpoint", metavar="CKPT", help="the reference checkpoint (.pt)")
     p.add_argument("--model", required=True, help="Hugging Face model name or path the checkpoint was trained on")
-    p.add_argument("--layers", nargs="+", metavar="L",
-                   help="the reference's --layers: indices (8 16 24 or 8,16,24), lastN, or all (the default)")
+    options.add_layers(p, "the reference's --layers: indices (8 16 24 or 8,16,24, as `train --layers`), lastN, or "
+                          "all (the default)")
     p.add_argument("--apply-norm", action="store_true", help="trained with --apply_norm (final norm on every state)")
     p.add_argument("--logits", action="store_true", help="trained with --logits_mode (features are the final logits)")
     p.add_argument("--out", help="head file to write (default: CKPT with the suffix .safetensors)")
@@ -59,7 +58,7 @@ def run(args) -> int:
         from ..hf.loading import check_supported_config
         from ..hf.reference_heads import check_options, import_reference_checkpoint, read_final_norm_weight
 
-        layers = _layers_arg(args.layers)
+        layers = args.layers  # one text, 8,16,24 (options.add_layers)
         check_options(layers=layers, apply_norm=args.apply_norm, logits=args.logits)
         out = args.out or os.path.splitext(args.checkpoint)[0] + ".safetensors"
         if os.path.abspath(out) == os.path.abspath(args.checkpoint):
@@ -98,23 +97,6 @@ def run(args) -> int:
         print(f"  note: {note}")
     print(f"wrote {out}")
     return 0
-
-
-def _layers_arg(values: list[str] | None) -> str | None:
-    """``--layers`` tokens (``8 16 24``, ``8,16,24``, ``last4``, ``all``) as one spelling."""
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    joined = ",".join(values)
-    try:
-        [int(x) for x in joined.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(
-            f"--layers {' '.join(values)}: expected indices (8 16 24), lastN or all; "
-            "put CKPT before --layers, which takes every word after it"
-        ) from None
-    return joined
 
 
 def _looks_like_path(model: str) -> bool:

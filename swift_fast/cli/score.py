@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -16,7 +17,7 @@ plus each candidate's `token_ids`), never re-tokenised. With --sar, also the sel
 recorded it in `sar_context_token_ids`).
 
 The output is the input with score columns added; it is written problem by problem, and a rerun
-skips problems already in the output (resumable).
+skips problems already in the output (resumable; --overwrite starts again).
 """
 
 EXAMPLES = """\
@@ -30,7 +31,8 @@ def add_parser(sub, name, help_):
     p = options.command(sub, name, help_, DESCRIPTION, EXAMPLES)
     p.add_argument("--model", required=True,
                    help="Hugging Face model name or path, or a .gguf file (the model the head was trained on)")
-    p.add_argument("--head", required=True, help="SWIFT head file (.safetensors)")
+    p.add_argument("--head", required=True, help="SWIFT head: a .safetensors file, or a Hugging Face Hub "
+                   "repository id org/name[@revision][:file] (file default head.safetensors)")
     p.add_argument("--rollouts", required=True, help="rollout JSONL with prompt_token_ids and candidates' token_ids")
     p.add_argument("--out", required=True, help="output JSONL (appended to and resumed when it exists)")
     p.add_argument("--column", default="swift_score", help="candidate field for the score (default: swift_score)")
@@ -38,10 +40,12 @@ def add_parser(sub, name, help_):
     p.add_argument("--sar-column", default="sar", help="candidate field for SAR (default: sar)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
     p.add_argument("--chunk", type=int, default=32, help="problems scored between writes (default 32)")
-    p.add_argument("--dtype", default="auto",
-                   help="auto (checkpoint dtype on GPU, float32 on CPU), bfloat16, float16, float32")
+    options.add_dtype(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    p.add_argument("--no-resume", action="store_true", help="overwrite --out instead of resuming it")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start again: write --out anew (by default a rerun resumes it, skipping the problems "
+                        "already there)")
+    p.add_argument("--no-resume", dest="overwrite", action="store_true", help=argparse.SUPPRESS)  # 0.1's spelling
     options.add_no_progress(p)
     return p
 
@@ -65,6 +69,7 @@ def run(args) -> int:
     from ..data.datasets import DataError
     from ..data.rollouts import RolloutWriter
     from ..hf.features import UnsupportedModelError
+    from ..hf.hub import resolve_head
     from ..rewards.head import HeadError, SwiftHead
 
     if os.path.abspath(args.out) == os.path.abspath(args.rollouts):
@@ -73,7 +78,7 @@ def run(args) -> int:
         )
         return 2
     try:
-        head = SwiftHead.load(args.head)
+        head = SwiftHead.load(resolve_head(args.head))
         from ..hf.loading import load_model
         from ..hf.rollout_data import rollout_sequences
         from ..hf.sar import sar_rewards
@@ -84,7 +89,7 @@ def run(args) -> int:
         head.to(model.device)
         seqs_all = rollout_sequences(args.rollouts)  # every line checked before any work
         contexts = sar_contexts(seqs_all.problems) if args.sar else None
-        writer = RolloutWriter(args.out, resume=not args.no_resume)
+        writer = RolloutWriter(args.out, resume=not args.overwrite)
     except (DataError, HeadError, UnsupportedModelError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -16,15 +16,21 @@ candidates with all N scores. With --sar, each choice also says which question-r
 its `sar` used (`sar_context`: "chat" for chat requests, "request" when the body gave one as
 `"sar_context"`, "default" otherwise).
 
-This command's own options come before MODEL; everything after MODEL goes to `vllm serve`
-unchanged, with the head passed as `--additional-config '{"swift_fast": {...}}'` (merged into an
-`--additional-config` you give).
+Written as `vllm serve` is: swift-fast serve MODEL [options] [vLLM's options]. This command's own
+options (those listed below) may stand anywhere, before or after MODEL, in either form (--head H
+or --head=H), and never reach vLLM; every other word after MODEL goes to `vllm serve` unchanged
+and in order, so an option vLLM does not know is refused by vLLM, with its message (`vllm serve
+--help` lists them). A word after `--` goes to vLLM as it is, even one spelled like an option of
+this command. --prune takes SETTINGS only when the next word is JSON or key=value pairs, so
+`--prune MODEL` and `--prune --port 8001` both read as meant. The head reaches vLLM as
+`--additional-config '{"swift_fast": {...}}'` (merged into an `--additional-config` you give).
 """
 
 EXAMPLES = """\
 examples:
-  swift-fast serve --head head.safetensors Qwen/Qwen2.5-7B-Instruct
-  swift-fast serve --head head.safetensors --sar --select rank M --port 8001 --max-model-len 4096
+  swift-fast serve Qwen/Qwen2.5-7B-Instruct --head head.safetensors
+  swift-fast serve M --head head.safetensors --sar --select rank --port 8001 --max-model-len 4096
+  swift-fast serve M --port 8001 --head head.safetensors --prune keep=0.5   # any order after MODEL
 
   curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\
     -d '{"model": "M", "prompt": "2+2=", "max_tokens": 16, "best_of_n": 8}'
@@ -32,10 +38,12 @@ examples:
 
 
 def add_parser(sub, name, help_):
-    p = sub.add_parser(
-        name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--head", required=True, help="SWIFT head file (safetensors) trained for this model")
+    # no abbreviations: after MODEL a prefix of this command's option may be one of vLLM's, so each
+    # option has the one spelling wherever it stands
+    p = sub.add_parser(name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, allow_abbrev=False,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--head", required=True, help="SWIFT head trained for this model: a .safetensors file, or a "
+                   "Hugging Face Hub repository id org/name[@revision][:file] (file default head.safetensors)")
     p.add_argument("--sar", action="store_true", help="also compute the self-aligned reward of every choice")
     p.add_argument("--sar-context", metavar="TEXT",
                    help="SAR's question-removed context for raw completion prompts that bring none of their own, "
@@ -54,9 +62,50 @@ def add_parser(sub, name, help_):
                         "if start-up fails; one line when the server is ready)")
     p.add_argument("--startup-log", default="swift-fast-serve.log", metavar="FILE",
                    help="where vLLM's start-up output goes without --verbose (default swift-fast-serve.log)")
-    p.add_argument("model", help="Hugging Face model name or path (as for `vllm serve`), or a .gguf file")
-    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="arguments for `vllm serve` (after MODEL)")
+    p.add_argument("model", metavar="MODEL",
+                   help="Hugging Face model name or path (as for `vllm serve`), or a .gguf file")
+    p.add_argument("vllm_args", nargs="*", metavar="VLLM_ARG",
+                   help="`vllm serve`'s options, after MODEL (--port 8001, --max-model-len 4096, ...)")
+    p.prepare = split_argv
     return p
+
+
+def split_argv(parser, args: list) -> tuple[list, dict]:
+    """``swift-fast serve``'s command line as ``vllm serve``'s users write it: MODEL (its first bare
+    word), this command's own options wherever they stand, every other word vLLM's in order. Returns
+    what argparse parses (MODEL, then the own options as typed) and ``{"vllm_args": [...]}``
+    (:class:`~swift_fast.cli.options.CommandParser`). A word that reads as an option before MODEL
+    and is not this command's is refused: its values cannot be told from MODEL."""
+    from .options import read_words
+
+    model, own, vllm = [], [], []
+    for word in read_words(args, parser.option_table()):
+        if word.kind == "option" and word.flag == "--prune" and len(word.tokens) == 2 \
+                and not _prune_settings(word.tokens[1]):
+            # --prune's SETTINGS are JSON or key=value pairs: any other word is MODEL or vLLM's
+            own.append(word.tokens[0])
+            (vllm if model else model).append(word.tokens[1])
+        elif word.kind == "option":
+            own += word.tokens
+        elif word.kind == "rest":  # `--`: what follows is vLLM's as written (MODEL first if still missing)
+            rest = word.tokens[1:]
+            if not model and rest:
+                model.append(rest.pop(0))
+            vllm += rest
+        elif model:
+            vllm += word.tokens
+        elif word.kind == "word":
+            model.append(word.tokens[0])
+        else:
+            parser.error(f"{word.tokens[0]} before MODEL: vLLM's options go after the model, as for `vllm serve` "
+                         f"(swift-fast serve MODEL {word.tokens[0]} ...); this command's own may stand anywhere")
+    # MODEL first: an own option that takes an optional value (--prune) then never takes MODEL for it
+    return model + own, {"vllm_args": vllm}
+
+
+def _prune_settings(word: str) -> bool:
+    # what selection.pruning.parse_text reads: a JSON object or key=value pairs
+    return word.lstrip().startswith("{") or "=" in word
 
 
 def vllm_argv(args) -> list[str]:
@@ -73,7 +122,7 @@ def vllm_argv(args) -> list[str]:
 
         section["prune"] = parse_text(args.prune, "--prune").to_dict()
     PluginConfig.parse(section)  # bad combinations fail here, before vLLM starts
-    rest = list(args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args)
+    rest = list(args.vllm_args)
     extra: dict = {}
     out: list[str] = []
     i = 0
@@ -98,9 +147,11 @@ def vllm_argv(args) -> list[str]:
 
 
 def run(args) -> int:
+    from ..hf.hub import resolve_head
     from ..rewards.head import HeadError, SwiftHead
 
     try:
+        args.head = resolve_head(args.head)  # a Hub repository id: its file in the cache, fetched once here
         SwiftHead.load(args.head)  # unreadable head: fail before vLLM's start-up
         argv = vllm_argv(args)
     except (HeadError, ValueError) as e:

@@ -86,11 +86,15 @@ def add_settings(p) -> None:
     from dataclasses import fields
 
     from ..training.settings import TrainSettings
+    from .options import add_layers
 
     for f in fields(TrainSettings):
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
         text = f.metadata["help"]
-        if f.name == "gate":  # --no-gate: gate=False; left out, None takes the solver's
+        if f.name == "layers":  # one syntax with import-head's: 0 8 16 or 0,8,16
+            add_layers(p, f"{text}; on the command line 0 8 16 or 0,8,16 (default {f.default})", default=f.default,
+                       flag=flag)
+        elif f.name == "gate":  # --no-gate: gate=False; left out, None takes the solver's
             p.add_argument(flag, dest="gate", action="store_const", const=False, default=None, help=text)
         elif isinstance(f.default, bool):
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
@@ -104,7 +108,7 @@ def add_settings(p) -> None:
 
 
 def add_parser(sub, name, help_):
-    from .options import add_no_progress, command
+    from .options import add_dtype, add_no_progress, command
 
     p = command(sub, name, help_, DESCRIPTION, EXAMPLES)
     p.add_argument("--model", required=True,
@@ -116,8 +120,7 @@ def add_parser(sub, name, help_):
     p.add_argument("--cache-dir",
                    help="keep features in a memory-mapped file here: the head's states of the response tokens "
                         "in bfloat16 (logits in float32); its size is printed before it is written")
-    p.add_argument("--dtype", default="auto",
-                   help="auto (checkpoint dtype on GPU, float32 on CPU), bfloat16, float16, float32")
+    add_dtype(p)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     add_no_progress(p)
     return p
@@ -152,11 +155,11 @@ def run(args) -> int:
     except (DataError, HeadError, UnsupportedModelError, ValueError, FloatingPointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    _print_result(job.head_path, args.loss, job.result)
+    _print_result(job.head_path, args.loss, job.result, job.card_path)
     return 0
 
 
-def _print_result(out: str, loss: str, result) -> None:
+def _print_result(out: str, loss: str, result, card: str | None = None) -> None:
     from ..hf.train import finite_or_none
     from ..training.baselines import format_baselines
 
@@ -174,6 +177,9 @@ def _print_result(out: str, loss: str, result) -> None:
         f"at R > 0 (predicting correct{threshold}): balanced accuracy {_fig(vm['balanced_accuracy'])}, "
         f"precision {_fig(vm['precision'])}, recall {_fig(vm['recall'])}"
     )
+    if card:
+        print(f"model card: {card} (`swift-fast head info {out}` shows what the head holds; "
+              "`swift-fast head push` uploads both)")
     print(format_baselines(result.baselines))
     print(json.dumps(finite_or_none(
         {"best_epoch": result.best_epoch, "fit": result.fit or None, "val": vm, "baselines": result.baselines,

@@ -8,10 +8,12 @@ A line::
      "candidates": [{"token_ids": [...], "text": "...", "answer": "42", "correct": true,
                      "finish_reason": "stop", "swift_score": 0.7, "sar": 0.1}, ...]}
 
-Score columns (``swift_score``, ``sar``, ``logprob_mean``, an external reward...) live on the
+Score columns (``swift_score``, ``sar``, ``mean_logprob``, an external reward...) live on the
 candidates under any name; ``eval`` and ``bon`` are told which to use. ``token_ids`` are the
 response as generated (end-of-turn token included when it was generated); parity between
-paths is defined on them, never on re-tokenised text.
+paths is defined on them, never on re-tokenised text. Lines that ``collect`` and ``bon`` write
+start with ``run_id``, the id of the run's record (``swift_fast.jobs.run_record``): a resume
+checks it before it appends.
 """
 
 from __future__ import annotations
@@ -106,10 +108,13 @@ def _clean(x):
 
 class RolloutWriter:
     """Appends problems to a rollout file, one flushed line each, so an interrupted run keeps
-    every finished problem and can resume (``done_ids``)."""
+    every finished problem and can resume (``done_ids``). ``run_id``: written first on every line
+    (the run's record, ``swift_fast.jobs.run_record``), so that lines of two runs never mix
+    unnoticed; None keeps whatever ``run_id`` a problem carries."""
 
-    def __init__(self, path: str | os.PathLike, resume: bool = True):
+    def __init__(self, path: str | os.PathLike, resume: bool = True, run_id: str | None = None):
         self.path = os.fspath(path)
+        self.run_id = run_id
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self.done = done_ids(self.path) if resume and os.path.exists(self.path) else set()
         if not resume and os.path.exists(self.path):
@@ -119,6 +124,8 @@ class RolloutWriter:
 
     def write(self, problem: Problem | dict) -> None:
         d = problem.to_json() if isinstance(problem, Problem) else problem
+        if self.run_id is not None:
+            d = {"run_id": self.run_id, **{k: v for k, v in d.items() if k != "run_id"}}
         self._f.write(json.dumps(_clean(d), ensure_ascii=False) + "\n")
         self._f.flush()
         self.done.add(str(d["id"]))
@@ -147,6 +154,33 @@ def done_ids(path: str | os.PathLike) -> set[str]:
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue
     return out
+
+
+def run_ids(path: str | os.PathLike) -> dict[str | None, int]:
+    """The ``run_id`` of the complete lines of a rollout file, each with the number of the line
+    it first appears on, in file order; None stands for lines without one (written before run
+    records, or by a call that records none). Empty when there is no file or no complete line."""
+    out: dict[str | None, int] = {}
+    if not os.path.exists(path):
+        return out
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.endswith("\n"):
+                break  # a torn last line: the writer truncates it when it resumes
+            end = line.find('"', len(_RUN_ID_FIRST)) if line.startswith(_RUN_ID_FIRST) else -1
+            if end > 0:  # the writer puts it first: no need to parse a long line
+                out.setdefault(line[len(_RUN_ID_FIRST) : end], i)
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(d, dict) and "id" in d:
+                out.setdefault(d.get("run_id"), i)
+    return out
+
+
+_RUN_ID_FIRST = '{"run_id": "'
 
 
 def _truncate_partial_last_line(path: str) -> None:

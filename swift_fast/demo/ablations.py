@@ -67,7 +67,7 @@ def run_ablations(rollouts: str, work: str = "demo_build", out: str = "demo_out/
         sel = {"majority": report.majority, name: report.best_of(name), f"{name} weighted vote": report.weighted(name)}
         t = report.bon_table(c_, sel, ks=KS)
         results[name] = {
-            "setting": h, "best_epoch": res.best_epoch, "accuracy": t.to_json()["accuracy"], "ci95": t.to_json()["ci95"]
+            "setting": h, "best_epoch": res.best_epoch, "selectors": t.to_json()["selectors"]
         }
         log(f"{name:12s} " + " ".join(f"k={k}: {100 * t.rows[name][k]:5.1f}" for k in KS)
             + f" | weighted vote @16 {100 * t.rows[f'{name} weighted vote'][16]:5.1f}"

@@ -35,16 +35,17 @@ def bon_markdown(s: dict) -> list[str]:
     top = str(max(ks))
     lines = ["| selector | " + " | ".join(f"k={k}" for k in ks[:-1]) + f" | k={top} [95% CI] |",
              "| --- | " + " | ".join("---:" for _ in ks) + " |"]
-    for row, acc in s["accuracy"].items():
-        cells = [_pct(acc[str(k)]) for k in ks[:-1]] + [_pct(acc[top]) + _ci(s["ci95"][row][top])]
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    for row in s["selectors"].values():
+        acc = row["accuracy"]
+        cells = [_pct(acc[str(k)]) for k in ks[:-1]] + [_pct(acc[top]) + _ci(row["ci95"][top])]
+        lines.append(f"| {row['name']} | " + " | ".join(cells) + " |")
     m = s.get("summary")
     if m:
         lines += [
             "",
             f"- single-sample accuracy {_pct(m['single_sample_accuracy'])}%; SWIFT@{top} minus single sample "
             f"{_diff(m['swift_minus_single'])}",
-            f"- best trivial selector: {m['best_trivial']['selector']} {_pct(m['best_trivial']['accuracy'])}%; "
+            f"- best trivial selector: {m['best_trivial']['name']} {_pct(m['best_trivial']['accuracy'])}%; "
             f"SWIFT@{top} minus it {_diff(m['swift_minus_best_trivial'])} (paired bootstrap over problems)",
             f"- truncated: {m['truncated']['candidates']} of {m['candidates']} candidates at the length limit",
         ]

@@ -333,14 +333,14 @@ def add_signals(model, problems: list[Problem], window: int = CONF_WINDOW) -> di
 
 def _html(problems, model, head_path, tok, path, summary):
     from ..rewards.head import SwiftHead
-    from .html import render, token_values
+    from .html import render, selector_picks, token_values
 
     head = SwiftHead.load(head_path)
     with torch.no_grad():
         values = [
             token_values(model, head, p.prompt_token_ids, [c["token_ids"] for c in p.candidates]) for p in problems
         ]
-    page = render(problems, values, tok, "swift-fast demo: candidates and their SWIFT token scores",
-                  f"<p>{summary}</p>")
+    page = render(problems, values, tok, "swift-fast demo: candidates and their SWIFT token scores", summary,
+                  picks=selector_picks(problems))
     with open(path, "w", encoding="utf-8") as f:
         f.write(page)

@@ -19,6 +19,11 @@ on first use, so ``import swift_fast.hf`` does not import transformers.
 ``train_from_rollouts``        train a head on graded rollouts, features recomputed per batch
 ``load_model``                 model + tokenizer for the command line, architecture checked first
 =============================  ==================================================================
+
+Modules without a lazy name here: ``hub`` (heads on the Hugging Face Hub: ``org/name@rev:file``
+resolved through its cache, ``head info``/``head push``, model cards), ``model_identity`` (which
+model a run or a head came from), ``gguf`` (GGUF checkpoints as models), ``reference_heads`` (the
+SWIFT paper's checkpoints as heads), ``rl_adapters`` (SAR as an RL trainer's reward).
 """
 
 from __future__ import annotations

@@ -532,7 +532,7 @@ def train_from_rollouts(
     else:
         result = _epochs(head, source, sp, s, progress, on_epoch)
     data_path = os.fspath(rollouts) if isinstance(rollouts, (str, os.PathLike)) else None
-    return head, _provenance(head, result, sp, data_path, s)
+    return head, _provenance(head, result, sp, data_path, s, model)
 
 
 def _epochs(head, source, sp: _Split, s: TrainSettings, progress: bool, on_epoch) -> TrainResult:
@@ -560,15 +560,23 @@ def _how(result: TrainResult, s: TrainSettings) -> dict:
 
 
 def _provenance(head: SwiftHead, result: TrainResult, sp: _Split, data_path: str | None,
-                s: TrainSettings) -> TrainResult:
+                s: TrainSettings, model: nn.Module) -> TrainResult:
     labels = [bool(sp.seqs.labels[i]) for i in sp.keep]
     from .. import __version__
+    from .model_identity import model_revision
 
     head.provenance = finite_or_none({
         "swift_fast": __version__,
+        # which model, at which version: a head fits one set of weights, not only one shape
+        "model": {"name": head.model_name or None, **model_revision(model.config),
+                  "dtype": str(getattr(model, "dtype", "")).removeprefix("torch.") or None},
+        # the settings as asked (``layers="last4"``); the head's metadata has them resolved
+        "settings": {"layers": s.layers, "feature": s.feature, "alignment": s.alignment, "gate": s.gate,
+                     "solver": s.solver},
         "data": {
             "path": data_path,
             "sha256": sha256_of(data_path) if data_path else None,
+            "bytes": os.path.getsize(data_path) if data_path else None,
             "problems": len(set(sp.pid)),
             "candidates": len(sp.keep),
             "skipped_empty": len(sp.seqs.sequences) - len(sp.keep),

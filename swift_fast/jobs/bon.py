@@ -15,23 +15,30 @@ Files, ``<base>`` being ``out`` without its extension:
 
 =======================  =========================================================================
 ``out``                  the rollouts, one problem a line (resumable: a rerun skips those there)
+``<base>.run.json``      the run's record: what determines the rollouts (:mod:`.run_record`)
 ``<base>.vllm.log``      vLLM's own output (unless ``verbose``)
 ``<base>.bon.png``       accuracy against k, a line per selector (``plot``; ``plot_path`` moves it)
 ``<base>.summary.json``  the table, the summary under it, the run's facts, with pruning its comparison
 ``<base>.pruned.jsonl``  with pruning: the pruned run, on the same problems with the same seeds
+                         (its record ``<base>.pruned.run.json``)
 ``<base>.prune.png``     with pruning: accuracy against tokens of the sweep, the pruned run a star
 =======================  =========================================================================
 
 Pruning (``BonConfig.prune``): a second run with the weakest candidates stopped while they are
 generated. Both runs are traced, so their vLLM wall times differ by the pruning alone; the full
 run keeps its per-token values (``swift_trace``) for the sweep, which replays a grid of settings
-on them (``swift_fast.reports.pruning``). A run resumes a rollout file only when the file was
-written with the same plugin settings (:func:`check_resumed`).
+on them (``swift_fast.reports.pruning``).
+
+A run resumes a rollout file only when the file is of the same run: the same model, head, data,
+prompts, sampling, grading, engine settings and plugin settings (the pruned run's include the
+pruning), as its record says (:mod:`.run_record`); else it is refused before the engine starts,
+naming the first difference, and ``overwrite=True`` starts again. The summary carries the
+records. A rerun with nothing left to generate starts no engine.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -39,35 +46,15 @@ from typing import Callable
 
 from ..reports import best_of_n as report
 from ..selection.pruning import PruneConfig
-from .collect import CollectConfig, collect
+from .collect import CollectConfig, collect, pending
 from .engine import EngineConfig, VLLMEngine, make_engine, parallel_kwargs
+from .run_record import RunRecord, build, prepare
 
 
 def default_out(data: str, n: int) -> str:
     """``bon-<data file or name>-n<N>.jsonl``: where the rollouts go when no path is given."""
     stem = os.path.splitext(os.path.basename(str(data).rstrip("/")))[0] or "data"
     return f"bon-{stem}-n{n}.jsonl"
-
-
-def check_resumed(path: str, plugin_args: dict, what: str) -> None:
-    """Refuse to resume a rollout file written with other per-request plugin settings (another
-    pruning, or untraced): its problems would be mixed with, or reported as, this run's."""
-    if not os.path.isfile(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                had = json.loads(line).get("plugin_args") or {}
-            except ValueError:
-                continue  # a torn last line: the writer truncates it when it resumes
-            if had != plugin_args:
-                raise ValueError(
-                    f"{path}:{i}: {what} resumes from rollouts generated with plugin settings {had or 'none'}, not "
-                    f"{plugin_args}: use another --out, or remove the file to regenerate"
-                )
-            return
 
 
 class ScoredVLLMEngine(VLLMEngine):
@@ -174,18 +161,24 @@ class BonResult:
     #: seconds (None when a run resumed), rollouts, sweep, plot
     prune: dict | None = None
     summary_path: str | None = None
+    run: RunRecord | None = None  # the full run's record (:mod:`.run_record`)
+    pruned_run: RunRecord | None = None  # the pruned run's (with pruning)
 
 
 def run_bon(model: str, head: str, data: str, out: str | os.PathLike | None = None, config: BonConfig | None = None,
-            on_table: Callable[[BonResult], None] | None = None) -> BonResult:
+            on_table: Callable[[BonResult], None] | None = None, overwrite: bool = False) -> BonResult:
     """Best-of-N of ``model`` on ``data`` (a dataset file or name), scored in vLLM by the SWIFT head
-    file ``head``; rollouts into ``out`` (None: :func:`default_out` in the current folder).
+    ``head`` (a file, or a Hub repository id ``org/name[@revision][:file]``: ``swift_fast.hf.hub``);
+    rollouts into ``out`` (None: :func:`default_out` in the current folder).
 
     ``on_table``: called with the result as soon as the table, its summary and plot are ready,
     before the pruning comparison (whose sweep replays every swept setting on every candidate):
-    the command line prints the table then."""
+    the command line prints the table then. Rollouts of another run (their record differs) are
+    refused before the engine starts, naming the first difference; ``overwrite``: remove them
+    (and the pruned run's) with their records and start again."""
     from ..data.datasets import load_dataset
     from ..data.rollouts import read_rollouts
+    from ..hf.hub import resolve_head
     from ..rewards.head import SwiftHead
 
     config = config or BonConfig()
@@ -194,6 +187,7 @@ def run_bon(model: str, head: str, data: str, out: str | os.PathLike | None = No
         raise ValueError(f"n must be at least 1, got {n}")
     out = default_out(data, n) if out is None else os.fspath(out)
     base = os.path.splitext(out)[0]
+    head = resolve_head(head)  # a Hub repository id becomes its file in the Hugging Face cache
     alignment = SwiftHead.load(head).alignment  # a bad head file fails before any work
     examples = load_dataset(data, kind=config.kind, limit=config.limit)
     if config.engine.engine not in ("auto", "vllm"):
@@ -203,6 +197,15 @@ def run_bon(model: str, head: str, data: str, out: str | os.PathLike | None = No
     if config.prune is not None and n < 2:
         raise ValueError("--prune stops the weakest of each problem's candidates: it needs --n 2 or more")
     result = BonResult(out=out, pruned_out=base + ".pruned.jsonl" if config.prune is not None else None)
+    # the plugin's per-request settings are part of each run's record, and read back from it
+    full = {"trace": True, "prune": False} if config.prune is not None else {"trace": True}
+    result.run = build(model, data, replace(config.collect, plugin_args=full), engine, kind=config.kind, head=head,
+                       sar=config.sar)
+    runs = [(out, result.run, "the full run")]
+    if config.prune is not None:
+        result.pruned_run = result.run.with_request({"trace": True, "prune": config.prune.to_dict()})
+        runs.append((result.pruned_out, result.pruned_run, "the pruned run"))
+    prepare(runs, overwrite)  # before the engine starts: a refusal costs nothing
     _generate(model, head, examples, engine, config, result)
     ids = {str(ex.id) for ex in examples}
     problems = [p for p in read_rollouts(out) if p.id in ids]
@@ -214,10 +217,11 @@ def run_bon(model: str, head: str, data: str, out: str | os.PathLike | None = No
         on_table(result)
     if config.prune is not None:
         result.prune = _prune_comparison(problems, ids, result, config, alignment)
+        result.prune["run"] = result.pruned_run.sidecar()
     result.summary_path = report.save_json(
         result.table, config.summary_path or base + ".summary.json", summary=result.summary, model=model,
         head=os.path.abspath(head), data=str(data), n=n, rollouts=os.path.abspath(out),
-        generated=result.stats["written"], resumed=result.stats["skipped_done"],
+        generated=result.stats["written"], resumed=result.stats["skipped_done"], run=result.run.sidecar(),
         **({"prune": result.prune} if result.prune is not None else {}),
     )
     return result
@@ -225,34 +229,39 @@ def run_bon(model: str, head: str, data: str, out: str | os.PathLike | None = No
 
 def _generate(model: str, head: str, examples, engine_cfg: EngineConfig, config: BonConfig, result: BonResult) -> None:
     """The full run into ``result.out`` and, with pruning, the pruned run into ``result.pruned_out``,
-    on one engine; their counts and vLLM wall times into ``result``."""
+    on one engine (none when both are complete); their counts and vLLM wall times into ``result``."""
     from ..support.engine_logs import quiet_engine
 
     prune = config.prune
-    cfg = replace(config.collect)  # its plugin_args are this job's, per run
-    plugin = {"head": head, "sar": bool(config.sar)}
-    with quiet_engine(os.path.splitext(result.out)[0] + ".vllm.log", verbose=config.verbose):
-        engine = make_engine(model, engine_cfg, seed=cfg.seed, plugin=plugin, vllm_engine=ScoredVLLMEngine)
+    runs = [(result.out, result.run)] + ([(result.pruned_out, result.pruned_run)] if prune is not None else [])
+    needed = any(pending(examples, out) for out, _ in runs)
+    log = os.path.splitext(result.out)[0] + ".vllm.log"
+    with quiet_engine(log, verbose=config.verbose) if needed else contextlib.nullcontext():
+        engine = None
+        if needed:
+            engine = make_engine(model, engine_cfg, seed=config.collect.seed, vllm_engine=ScoredVLLMEngine,
+                                 plugin={"head": head, "sar": bool(config.sar)})
         try:
-            # traced: each candidate's confidence (and with SAR its mean log-prob) come free, for
-            # the trivial selectors; with pruning both runs are traced, so their times differ by
-            # the pruning alone, and the full run keeps its per-token values for the sweep
-            if prune is not None:
-                engine.window, engine.keep_trace = prune.window, True
-            cfg.plugin_args = {"trace": True, "prune": False} if prune is not None else {"trace": True}
-            check_resumed(result.out, cfg.plugin_args, "the full run")
-            result.stats = collect(engine, engine.tokenizer, examples, result.out, cfg, progress=config.progress,
-                                   model_name=model, desc="generate")
-            result.seconds = engine.seconds
-            if prune is not None:
-                cfg.plugin_args = {"trace": True, "prune": prune.to_dict()}
-                check_resumed(result.pruned_out, cfg.plugin_args, "the pruned run")
-                engine.seconds, engine.keep_trace = 0.0, False
-                result.pruned_stats = collect(engine, engine.tokenizer, examples, result.pruned_out, cfg,
-                                              progress=config.progress, model_name=model, desc="generate, pruned")
-                result.pruned_seconds = engine.seconds
+            for pruned, (out, run) in enumerate(runs):
+                if engine is not None:
+                    # traced: each candidate's confidence (and with SAR its mean log-prob) come free, for
+                    # the trivial selectors; with pruning both runs are traced, so their times differ by
+                    # the pruning alone, and the full run keeps its per-token values for the sweep
+                    engine.seconds, engine.keep_trace = 0.0, prune is not None and not pruned
+                    if prune is not None:
+                        engine.window = prune.window
+                cfg = replace(config.collect, plugin_args=run.record["plugin"]["request"])
+                stats = collect(engine, getattr(engine, "tokenizer", None), examples, out, cfg,
+                                progress=config.progress, model_name=model,
+                                desc="generate, pruned" if pruned else "generate", run=run)
+                seconds = engine.seconds if engine is not None else 0.0
+                if pruned:
+                    result.pruned_stats, result.pruned_seconds = stats, seconds
+                else:
+                    result.stats, result.seconds = stats, seconds
         finally:
-            engine.close()
+            if engine is not None:
+                engine.close()
 
 
 def _table(problems, out: str, config: BonConfig) -> tuple[report.Table, dict]:

@@ -19,7 +19,10 @@ vLLM engine hands it to the plugin with every request, and ``swift-fast score --
 back, so in-engine and offline SAR condition on the same context by construction.
 
 Resumable: problems are appended to the output as they finish (one flushed line each); a rerun
-skips the ids already there.
+skips the ids already there, only when the file is of the same run: :func:`run_collect` records
+the model, data and every setting that shapes the output (:mod:`.run_record`, ``<base>.run.json``
+and a ``run_id`` on every line), and refuses a rerun with another before the engine starts
+(``overwrite=True`` starts again). A rerun with nothing left to generate starts no engine.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from ..data.rollouts import Problem, RolloutWriter
+from ..data.rollouts import Problem, RolloutWriter, done_ids
 
 # HFEngine, VLLMEngine and vllm_available lived here: swift-fast 0.1's swift_fast.hf.collect (now
 # this module, swift_fast._compat) still names them for one release, so they are re-exported
@@ -37,6 +40,7 @@ from .engine import EngineConfig, engine_name, make_engine
 from .engine import HFEngine as HFEngine
 from .engine import VLLMEngine as VLLMEngine
 from .engine import vllm_available as vllm_available
+from .run_record import RunRecord, build, check_resume, prepare, write_sidecar
 
 PAPER_SAMPLING = {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 1024}
 
@@ -109,16 +113,25 @@ def collect(
     model_name: str = "",
     on_chunk: Callable[[int], None] | None = None,
     desc: str = "collect",
+    run: RunRecord | None = None,
 ) -> dict:
     """Generate, grade and append every example not yet in ``out_path``. Returns counts.
 
     Progress counts candidates as the engine finishes them (``desc`` names the phase). After
     the first chunk, rollouts with almost no correct candidate (:data:`FEW_CORRECT`) get a
-    warning that says what to change, before the rest is generated."""
+    warning that says what to change, before the rest is generated.
+
+    ``run``: the run's record (:mod:`.run_record`): ``out_path`` must hold lines of this run only
+    (else ``ValueError`` before anything is generated), the record is written beside it and its id
+    on every line. None (a library call without one) writes lines without a run id and refuses a
+    file of a recorded run. ``engine`` may be None when every example is already there."""
     cfg = cfg or CollectConfig()
     if cfg.n < 1:
         raise ValueError(f"n must be >= 1, got {cfg.n}")
-    writer = RolloutWriter(out_path, resume=True)
+    check_resume(out_path, run)
+    if run is not None:
+        write_sidecar(out_path, run)  # before the first line: no recorded line without its record
+    writer = RolloutWriter(out_path, resume=True, run_id=None if run is None else run.run_id)
     todo = [ex for ex in examples if str(ex.id) not in writer.done]
     stats = {
         "problems": len(examples),
@@ -129,7 +142,8 @@ def collect(
     }
     from ..support.progress import phase
 
-    bar = phase(f"{desc} ({engine.name})", total=len(todo) * cfg.n, unit="candidate", enabled=progress)
+    bar = phase(f"{desc} ({getattr(engine, 'name', '')})", total=len(todo) * cfg.n, unit="candidate",
+                enabled=progress and bool(todo))
     sampling = {
         "n": cfg.n,
         "temperature": cfg.temperature,
@@ -179,6 +193,12 @@ def collect(
     return stats
 
 
+def pending(examples: Sequence[Any], out_path: str | os.PathLike) -> list:
+    """The examples whose ids are not yet in the rollouts at ``out_path``."""
+    done = done_ids(out_path)
+    return [ex for ex in examples if str(ex.id) not in done]
+
+
 #: below this share of correct candidates, rollouts can hardly teach a head (or show a selector
 #: at work): ``collect`` says so after its first chunk
 FEW_CORRECT = 0.05
@@ -214,11 +234,15 @@ def run_collect(
     limit: int | None = None,
     progress: bool = True,
     verbose: bool = False,
+    overwrite: bool = False,
 ) -> dict:
     """``swift-fast collect``: sample, grade and append the problems of ``data`` (a dataset file or
     name, ``kind`` and ``limit`` as ``load_dataset`` reads them) not yet in ``out``, with the
     engine ``engine`` makes for ``model``; :func:`collect`'s counts.
 
+    ``out`` resumes only when its run record (:mod:`.run_record`) is this run's: else
+    ``ValueError`` naming the first difference, before any engine starts; ``overwrite``: remove
+    ``out`` and its record and start again. With nothing left to generate no engine starts.
     vLLM's own output goes to ``<out>.vllm.log`` unless ``verbose``; the engine is closed when
     the job ends, however it ends."""
     from ..data.datasets import load_dataset
@@ -227,10 +251,14 @@ def run_collect(
     cfg, engine = cfg or CollectConfig(), engine or EngineConfig()
     name = engine_name(engine)  # before the dataset loads: a bad setting fails at once
     examples = load_dataset(data, kind=kind, limit=limit)
+    run = build(model, data, cfg, engine, kind=kind)
+    prepare([(os.fspath(out), run, "")], overwrite)
+    if not pending(examples, out):
+        return collect(None, None, examples, out, cfg, progress=progress, model_name=model, run=run)
     # transformers' messages are not vLLM's: they show as they come
     with quiet_engine(os.path.splitext(os.fspath(out))[0] + ".vllm.log", verbose=verbose or name != "vllm"):
         gen = make_engine(model, replace(engine, engine=name), seed=cfg.seed)
         try:
-            return collect(gen, gen.tokenizer, examples, out, cfg, progress=progress, model_name=model)
+            return collect(gen, gen.tokenizer, examples, out, cfg, progress=progress, model_name=model, run=run)
         finally:
             gen.close()

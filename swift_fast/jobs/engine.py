@@ -18,7 +18,8 @@ vLLM is not installed (or asked for).
 collect`` and ``bon``): which engine, dtype, the transformers device, vLLM's parallelism, memory
 share, eager mode and any other ``vllm.LLM`` keyword. :func:`engine_name` checks them and says
 which engine they make; a job calls it before its dataset loads, so a bad setting fails at once.
-:func:`make_engine` makes the engine.
+:func:`make_engine` makes the engine. :meth:`EngineConfig.output_settings` is what a run's record
+(:mod:`.run_record`) keeps of them: the settings that can change what is sampled.
 """
 
 from __future__ import annotations
@@ -65,6 +66,37 @@ class EngineConfig:
     enforce_eager: bool | None = None
     #: any other ``vllm.LLM`` keywords (``bon --vllm KEY=VALUE``); a parallelism setting above 1 wins over one here
     vllm_kwargs: dict = field(default_factory=dict)
+
+    def output_settings(self) -> dict:
+        """The settings that can change what the engine samples, for a run's record
+        (:mod:`.run_record`): the dtype as given, and the ``vllm.LLM`` keywords but those of
+        :data:`VLLM_OUTPUT_NEUTRAL`. The other fields choose how fast and where the same model
+        samples the same distribution (see :data:`OUTPUT_NEUTRAL`)."""
+        return {"dtype": self.dtype,
+                "vllm": {k: v for k, v in sorted(self.vllm_kwargs.items()) if k not in VLLM_OUTPUT_NEUTRAL}}
+
+
+#: the :class:`EngineConfig` fields a run's record leaves out, and why: they choose the engine, its
+#: speed, memory or placement, not the model or its sampling distribution (each rollout line names
+#: its engine, so a run interrupted on vLLM may finish on transformers)
+OUTPUT_NEUTRAL = {
+    "engine": "the same model and sampling on either engine; each line records its engine",
+    "device": "where the transformers engine runs",
+    "data_parallel_size": "vLLM's per-request seeds make the draws independent of the engine a problem goes to",
+    "tensor_parallel_size": "placement of the same model",
+    "pipeline_parallel_size": "placement of the same model",
+    "gpu_memory_utilization": "memory",
+    "enforce_eager": "speed (compiled or eager kernels of the same model)",
+}
+
+#: ``vllm.LLM`` keywords of memory, scheduling, placement and speed: a rerun may change them and
+#: resume (every other keyword, e.g. ``max_model_len``, ``quantization``, ``revision``, is recorded)
+VLLM_OUTPUT_NEUTRAL = frozenset({
+    "gpu_memory_utilization", "kv_cache_memory_bytes", "swap_space", "cpu_offload_gb", "max_num_seqs",
+    "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill", "enforce_eager",
+    "compilation_config", "block_size", "disable_log_stats", "data_parallel_size", "tensor_parallel_size",
+    "pipeline_parallel_size", "distributed_executor_backend", "disable_custom_all_reduce", "async_scheduling",
+})
 
 
 def parse_vllm_kwargs(pairs: list[str]) -> dict:

@@ -6,8 +6,9 @@ needs no model -- the model's config (an unsupported architecture), the rollout 
 gathers what to say before the model loads, which can take minutes: the warnings (data that
 teaches little, a probe whose strength will follow the loss) and where the feature cache goes
 with its size. :func:`run_train` then loads the model, trains (``swift_fast.hf.train_from_rollouts``)
-and writes the head. The command line parses its options into a ``TrainSettings`` and prints
-what these return.
+and writes the head with its model card beside it (``<head stem>.md``, made from the head's own
+metadata and provenance by ``swift_fast.hf.hub.model_card``: ``swift-fast head push`` publishes the
+two). The command line parses its options into a ``TrainSettings`` and prints what these return.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
+from ..hf.hub import write_card
 from ..hf.train import check_rollouts, describe_cache, feature_cache_plan
 from ..rewards.head import SwiftHead
 from ..training.loop import TrainResult
@@ -39,13 +41,17 @@ class TrainPlan:
 
 @dataclass
 class TrainJob:
-    """A finished training job (:func:`run_train`): the head written at ``head_path``."""
+    """A finished training job (:func:`run_train`): the head written at ``head_path``, its model
+    card at ``card_path``."""
 
     head_path: str
     head: SwiftHead
     result: TrainResult
     warnings: list[str]
     cache: str | None
+    #: the model card beside the head (``<head stem>.md``: ``swift_fast.hf.hub.model_card``), which
+    #: ``swift-fast head push`` publishes with it
+    card_path: str | None = None
 
 
 def _check_probe(settings: TrainSettings, balance: dict) -> str | None:
@@ -86,7 +92,7 @@ def plan_train(model: str, rollouts: str, settings: TrainSettings | None = None,
 def run_train(plan: TrainPlan, out: str, dtype: str = "auto", device: str = "auto",
               progress: bool = True) -> TrainJob:
     """Load the plan's model (``dtype``, ``device`` as ``swift_fast.hf.loading.load_model`` takes
-    them), train a head on its rollouts and write it to ``out``."""
+    them), train a head on its rollouts and write it to ``out``, its model card beside it."""
     from ..hf.loading import load_model
     from ..hf.train import train_from_rollouts
 
@@ -96,4 +102,4 @@ def run_train(plan: TrainPlan, out: str, dtype: str = "auto", device: str = "aut
         head, result = train_from_rollouts(model, plan.rollouts, plan.settings, cache_dir=plan.cache_dir,
                                            progress=progress, model_name=plan.model)
     head.save(out)
-    return TrainJob(out, head, result, plan.warnings, plan.cache)
+    return TrainJob(out, head, result, plan.warnings, plan.cache, write_card(out, head))

@@ -7,8 +7,11 @@ DeepConf's confidence (:data:`TRIVIAL`, from the candidates' :data:`SIGNAL_FIELD
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
@@ -201,8 +204,22 @@ def _col(c: Candidates, key: str, k: int) -> torch.Tensor:
     return c.scores[key] if c.pruned is None else bon.exclude_pruned(c.scores[key], c.pruned, k)
 
 
-def majority(c: Candidates, k: int) -> torch.Tensor:
-    return _picked(c, bon.majority_vote(_answers(c, k), k))
+#: Picks the candidate a selector chooses: (candidates, k) -> index ``[P]`` among the first k.
+#: Every row that chooses one candidate is a chooser's outcome (:func:`outcome_of`), so the
+#: outcomes in a table and the picks the demo's page shows are the same selection.
+Chooser = Callable[[Candidates, int], torch.Tensor]
+
+
+def outcome_of(choose: Chooser) -> Selector:
+    """The selector whose outcome is the correctness of ``choose``'s pick."""
+    return lambda c, k: _picked(c, choose(c, k))
+
+
+def choose_majority(c: Candidates, k: int) -> torch.Tensor:
+    return bon.majority_vote(_answers(c, k), k)
+
+
+majority: Selector = outcome_of(choose_majority)
 
 
 def oracle(c: Candidates, k: int) -> torch.Tensor:
@@ -210,12 +227,20 @@ def oracle(c: Candidates, k: int) -> torch.Tensor:
     return bon.oracle(c.correct, k, c.pruned)
 
 
+def choose_best(key: str) -> Chooser:
+    return lambda c, k: bon.bon_select(c.scores[key], k, pruned=c.pruned)
+
+
 def best_of(key: str) -> Selector:
-    return lambda c, k: _picked(c, bon.bon_select(c.scores[key], k, pruned=c.pruned))
+    return outcome_of(choose_best(key))
+
+
+def choose_weighted(key: str) -> Chooser:
+    return lambda c, k: bon.weighted_vote(_answers(c, k), c.scores[key], k)
 
 
 def weighted(key: str) -> Selector:
-    return lambda c, k: _picked(c, bon.weighted_vote(_answers(c, k), c.scores[key], k))
+    return outcome_of(choose_weighted(key))
 
 
 def _among_eligible(c: Candidates, k: int, idx: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
@@ -228,34 +253,52 @@ def _among_eligible(c: Candidates, k: int, idx: torch.Tensor, key: torch.Tensor)
     return torch.where(ok.gather(1, idx.view(-1, 1)).squeeze(1), idx, fallback)
 
 
-def ranked(a: str, b: str) -> Selector:
-    def select(c, k):
+def choose_ranked(a: str, b: str) -> Chooser:
+    def choose(c, k):
         sa, sb = _col(c, a, k), _col(c, b, k)
         idx = bon.combine_rank(sa, sb, k)
-        return _picked(c, _among_eligible(c, k, idx, -torch.maximum(bon.ranks(sa, k), bon.ranks(sb, k)).double()))
+        return _among_eligible(c, k, idx, -torch.maximum(bon.ranks(sa, k), bon.ranks(sb, k)).double())
 
-    return select
+    return choose
+
+
+def ranked(a: str, b: str) -> Selector:
+    return outcome_of(choose_ranked(a, b))
+
+
+def choose_scaled(a: str, b: str) -> Chooser:
+    def choose(c, k):
+        sa, sb = _col(c, a, k), _col(c, b, k)
+        idx = bon.combine_scaled(sa, sb, k)
+        return _among_eligible(c, k, idx, (bon.minmax(sa, k) + bon.minmax(sb, k)) / 2)
+
+    return choose
 
 
 def scaled(a: str, b: str) -> Selector:
-    def select(c, k):
-        sa, sb = _col(c, a, k), _col(c, b, k)
-        idx = bon.combine_scaled(sa, sb, k)
-        return _picked(c, _among_eligible(c, k, idx, (bon.minmax(sa, k) + bon.minmax(sb, k)) / 2))
+    return outcome_of(choose_scaled(a, b))
 
-    return select
+
+def choose_signed(key: str, sign: float) -> Chooser:
+    """Best-of-k by ``sign * scores[key]`` (ties: lowest index; NaN never wins)."""
+    return lambda c, k: bon.bon_select(sign * c.scores[key], k, pruned=c.pruned)
 
 
 def signed(key: str, sign: float) -> Selector:
-    """Best-of-k by ``sign * scores[key]`` (ties: lowest index; NaN never wins)."""
-    return lambda c, k: _picked(c, bon.bon_select(sign * c.scores[key], k, pruned=c.pruned))
+    """The outcome of :func:`choose_signed`."""
+    return outcome_of(choose_signed(key, sign))
+
+
+def trivial_choosers(c: Candidates) -> dict[str, Chooser]:
+    """The trivial intrinsic selectors (:data:`TRIVIAL`) whose column ``c`` has (``gather(...,
+    signals=True)``), as choosers: longest, shortest, mean logprob, confidence (lowest group),
+    confidence (tail). Majority vote, the other trivial selector, is a standard row."""
+    return {name: choose_signed(key, sign) for name, (key, sign) in TRIVIAL.items() if key in c.scores}
 
 
 def trivial_selectors(c: Candidates) -> dict[str, Selector]:
-    """The trivial intrinsic selectors (:data:`TRIVIAL`) whose column ``c`` has (``gather(...,
-    signals=True)``): longest, shortest, mean logprob, confidence (lowest group), confidence (tail).
-    Majority vote, the other trivial selector, is a standard row."""
-    return {name: signed(key, sign) for name, (key, sign) in TRIVIAL.items() if key in c.scores}
+    """:func:`trivial_choosers` as selectors (the correctness of each pick)."""
+    return {name: outcome_of(choose) for name, choose in trivial_choosers(c).items()}
 
 
 #: A score column's row name in every report (README, demo, ``bon``, ``eval``): the product's
@@ -270,6 +313,53 @@ def selector_name(key: str) -> str:
     return SELECTOR_NAMES.get(key, key)
 
 
+def selector_key(name: str) -> str:
+    """A row's key in the JSON and CSV reports: its display name in snake_case, stable across
+    runs and safe in any tool ("confidence (lowest group)" -> ``confidence_lowest_group``,
+    "SWIFT+SAR rank" -> ``swift_sar_rank``, "oracle pass@k" -> ``oracle_pass_at_k``). The display
+    name goes beside it (``name``)."""
+    words = re.findall(r"[a-z0-9]+", name.lower().replace("@", " at "))
+    return "_".join(words) or "selector"
+
+
+def selector_keys(names: Sequence[str]) -> dict[str, str]:
+    """Display name -> :func:`selector_key` for a table's rows; two names with the same key (a
+    score column named like another row) get ``_2``, ``_3``, ... in row order."""
+    out: dict[str, str] = {}
+    taken: set[str] = set()
+    for name in names:
+        key, i = selector_key(name), 1
+        while key in taken:
+            i += 1
+            key = f"{selector_key(name)}_{i}"
+        out[name] = key
+        taken.add(key)
+    return out
+
+
+def standard_choosers(
+    score: str | None,
+    external: str | None = None,
+    sar: str | None = None,
+    trivial: dict[str, Chooser] | None = None,
+) -> dict[str, Chooser]:
+    """The report's rows that choose one candidate, in table order: majority, the ``trivial``
+    choosers (see :func:`trivial_choosers`), then selection by each score column (named by
+    :func:`selector_name`) and their combinations."""
+    rows: dict[str, Chooser] = {"majority": choose_majority}
+    rows.update(trivial or {})
+    for key in (score, sar, external):
+        if key:
+            rows[selector_name(key)] = choose_best(key)
+    if score:
+        rows[f"{selector_name(score)} weighted vote"] = choose_weighted(score)
+    for other in (sar, external):
+        if score and other:
+            rows[f"{selector_name(score)}+{selector_name(other)} rank"] = choose_ranked(score, other)
+            rows[f"{selector_name(score)}+{selector_name(other)} scaled"] = choose_scaled(score, other)
+    return rows
+
+
 def standard_selectors(
     score: str | None,
     external: str | None = None,
@@ -278,18 +368,11 @@ def standard_selectors(
 ) -> dict[str, Selector]:
     """The report's rows: random, majority, the ``trivial`` selectors (see
     :func:`trivial_selectors`), then selection by each score column (named by
-    :func:`selector_name`) and their combinations, oracle last."""
-    rows: dict[str, Selector] = {"random": random_choice, "majority": majority}
+    :func:`selector_name`) and their combinations (:func:`standard_choosers`), oracle last."""
+    chosen = {name: outcome_of(choose) for name, choose in standard_choosers(score, external, sar).items()}
+    rows: dict[str, Selector] = {"random": random_choice, "majority": chosen.pop("majority")}
     rows.update(trivial or {})
-    for key in (score, sar, external):
-        if key:
-            rows[selector_name(key)] = best_of(key)
-    if score:
-        rows[f"{selector_name(score)} weighted vote"] = weighted(score)
-    for other in (sar, external):
-        if score and other:
-            rows[f"{selector_name(score)}+{selector_name(other)} rank"] = ranked(score, other)
-            rows[f"{selector_name(score)}+{selector_name(other)} scaled"] = scaled(score, other)
+    rows.update(chosen)
     rows["oracle pass@k"] = oracle
     return rows
 
@@ -308,12 +391,24 @@ class Table:
     outcomes: dict[str, dict[int, torch.Tensor]]
     num_problems: int
 
+    def row_keys(self) -> dict[str, str]:
+        """Row (display name) -> its stable key in the JSON and CSV reports (:func:`selector_keys`)."""
+        return selector_keys(list(self.rows))
+
     def to_json(self) -> dict:
+        """``{"num_problems", "ks", "selectors": {key: {"name", "accuracy": {k: acc}, "ci95": {k: [lo, hi]}}}}``,
+        rows in table order under their snake_case keys (:func:`selector_key`), ``k`` as a string."""
         return {
             "num_problems": self.num_problems,
             "ks": self.ks,
-            "accuracy": {r: {str(k): v for k, v in row.items()} for r, row in self.rows.items()},
-            "ci95": {r: {str(k): list(v) for k, v in row.items()} for r, row in self.ci.items()},
+            "selectors": {
+                key: {
+                    "name": name,
+                    "accuracy": {str(k): v for k, v in self.rows[name].items()},
+                    "ci95": {str(k): list(v) for k, v in self.ci[name].items()},
+                }
+                for name, key in self.row_keys().items()
+            },
         }
 
     def difference_ci(self, a: str, b: str, k: int, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -361,34 +456,67 @@ def format_table(t: Table, ci: bool = True) -> str:
     return "\n".join(lines)
 
 
+#: How :func:`plot` draws each kind of row: the score under test (the first of ``highlight``) on
+#: top, the best trivial selector and the oracle prominent, every other row muted (thin, grey).
+PLOT_STYLES = {
+    "score": dict(lw=2.8, color="tab:blue", zorder=6, marker="o", ms=4),
+    "score2": dict(lw=2.0, color="tab:purple", zorder=5, marker="o", ms=3.5),  # further rows of ``highlight``
+    # hollow markers larger than the score's line: where a line runs under the score's, its
+    # points still show around the score's
+    "best trivial": dict(lw=2.0, color="tab:orange", zorder=4, marker="D", ms=6.5, mfc="none", mew=1.4),
+    "oracle": dict(lw=1.6, ls="--", color="black", zorder=3, marker="s", ms=8.5, mfc="none", mew=1.2),
+    "muted": dict(lw=0.9, color="#9a9a9a", alpha=0.8, zorder=1, marker="o", ms=2),
+}
+
+
+def plot_roles(t: Table, highlight: Sequence[str] = ("SWIFT",)) -> dict[str, str]:
+    """Row -> its role in :func:`plot` (a key of :data:`PLOT_STYLES`): the first ``highlight`` row
+    present is "score", further ones "score2"; the best trivial selector at the largest k
+    (:func:`best_trivial_row`) "best trivial"; oracle pass@k "oracle"; every other row "muted"."""
+    shown = [r for r in highlight if r in t.rows]
+    best = best_trivial_row(t)
+    roles = {}
+    for name in t.rows:
+        roles[name] = ("score" if shown[:1] == [name] else "score2" if name in shown else
+                       "oracle" if name == "oracle pass@k" else "best trivial" if name == best else "muted")
+    return roles
+
+
 def plot(t: Table, path: str, title: str = "Best-of-N accuracy", highlight: Sequence[str] = ("SWIFT",)) -> str:
-    """Accuracy against k (log2 axis), one line per selector; PNG at ``path``. The rows in
-    ``highlight`` (the scores under test) are drawn bold with their 95% CI band, oracle and random
-    as the bounds, the baselines thin and dash-dotted: with a dozen rows, bands on every line
-    would hide them all."""
+    """Accuracy against k (log2 axis), one line per selector; PNG at ``path``. Three lines carry the
+    figure (:func:`plot_roles`, :data:`PLOT_STYLES`): the score under test (the first of
+    ``highlight``, bold blue, with its 95% CI band, drawn on top so that the oracle cannot hide it
+    where the two coincide), the best trivial selector at the largest k (orange) and the oracle
+    (black, dashed); every other row is thin and grey, under one legend entry that names them:
+    a dozen coloured lines tangle, and the table beside the plot has their numbers."""
     from .plotting import figure, pyplot, save, titles
 
     plt = pyplot()
     fig, ax = figure(9.0, 4.8)
-    # tab20's dark shades first, then its light ones, greys left to oracle and random: distinct
-    # colours for up to 18 rows
-    tab20 = [c for c in plt.get_cmap("tab20").colors if not c[0] == c[1] == c[2]]
-    palette = iter(tab20[0::2] + tab20[1::2])
-    banded = [r for r in highlight if r in t.rows]
-    for name in t.rows:
+    roles = plot_roles(t, highlight)
+    banded = [r for r, role in roles.items() if role in ("score", "score2")]
+    muted = [r for r, role in roles.items() if role == "muted"]
+    handles = {}
+    for name, role in roles.items():
         ys = [100 * t.rows[name][k] for k in t.ks]
-        style = (
-            dict(ls="--", color="grey", zorder=6) if name == "oracle pass@k"  # above a score that reaches it
-            else dict(ls=":", color="black") if name == "random"
-            else dict(ls="-.", lw=1, color=next(palette, None), alpha=0.8) if name in TRIVIAL or name == "majority"
-            else dict(lw=2.6, color="tab:blue", zorder=5) if name in banded[:1]
-            else dict(lw=1.6, color=next(palette, None))
-        )
-        (line,) = ax.plot(t.ks, ys, marker="o", ms=3, label=name, **style)
+        style = PLOT_STYLES[role]
+        (line,) = ax.plot(t.ks, ys, label=name, **style)
+        if role != "muted":
+            handles[name] = line
         if name in banded:
             lo = [100 * t.ci[name][k][0] for k in t.ks]
             hi = [100 * t.ci[name][k][1] for k in t.ks]
-            ax.fill_between(t.ks, lo, hi, alpha=0.15, color=line.get_color())
+            ax.fill_between(t.ks, lo, hi, alpha=0.15, color=line.get_color(), zorder=style["zorder"] - 0.5, lw=0)
+    order = [r for r in roles if roles[r] in ("score", "score2")] + [
+        r for r in roles if roles[r] == "best trivial"] + [r for r in roles if roles[r] == "oracle"]
+    top = max(t.ks)
+    labels = {r: f"{r}{' (best trivial selector)' if roles[r] == 'best trivial' else ''}: "
+                 f"{100 * t.rows[r][top]:.1f}% at k={top}" for r in order}
+    legend_handles = [handles[r] for r in order]
+    legend_labels = [labels[r] for r in order]
+    if muted:
+        legend_handles.append(plt.Line2D([], [], **{k: v for k, v in PLOT_STYLES["muted"].items() if k != "zorder"}))
+        legend_labels.append("other selectors:\n" + textwrap.fill(", ".join(muted), 28))
     ax.set_xscale("log", base=2)
     ax.set_xticks(t.ks)
     ax.set_xticklabels([str(k) for k in t.ks])
@@ -396,15 +524,34 @@ def plot(t: Table, path: str, title: str = "Best-of-N accuracy", highlight: Sequ
     ax.set_ylabel("accuracy of the chosen candidate (%)")
     band = f"; band: 95% bootstrap CI of {', '.join(banded)}" if banded else ""
     titles(fig, ax, title, f"Best-of-N over {t.num_problems} problems: each line is one way to choose a candidate"
-           f"{band}; oracle: any of the k is correct; random: expected accuracy of one sample", legend_width=2.2)
+           f"{band}; oracle: any of the k is correct; grey: the other selectors (numbers in the table)",
+           legend_width=2.2)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.legend(legend_handles, legend_labels, fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return save(fig, path)
 
 
 def save_json(t: Table, path: str, **extra) -> str:
+    """:meth:`Table.to_json` and ``extra`` (such as ``summary=``, :func:`selection_summary`) as JSON at ``path``."""
     with open(path, "w", encoding="utf-8") as f:
         json.dump({**t.to_json(), **extra}, f, indent=2)
+    return path
+
+
+#: The columns of :func:`save_csv`: one line per selector and k, accuracy and its 95% interval as fractions.
+CSV_COLUMNS = ("selector", "name", "k", "accuracy", "ci95_low", "ci95_high")
+
+
+def save_csv(t: Table, path: str) -> str:
+    """The table as CSV at ``path``: :data:`CSV_COLUMNS`, one line per selector (its stable key and
+    display name, as in :meth:`Table.to_json`) and k, in table order; accuracies as fractions."""
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_COLUMNS)
+        for name, key in t.row_keys().items():
+            for k in t.ks:
+                lo, hi = t.ci[name][k]
+                w.writerow([key, name, k, t.rows[name][k], lo, hi])
     return path
 
 
@@ -437,31 +584,47 @@ def selection_summary(c: Candidates, t: Table, score: str = "SWIFT", reps: int =
     lo, hi = bootstrap_ci(d, reps=reps)
     internal = [r for r in t.rows if r not in BASELINE_ROWS and r not in TRIVIAL]
     best_internal = max(internal, key=lambda r: t.rows[r][k])
-    trivial = [r for r in (*TRIVIAL, "majority") if r in t.rows]
+    keys = t.row_keys()
+
+    def row(name: str, **more) -> dict:  # a row as every summary names one: its key, its display name
+        return {"selector": keys[name], "name": name, **more}
+
     out = {
         "problems": t.num_problems,
         "k": k,
-        "score": score,
+        "score": row(score),
         "single_sample_accuracy": single.mean().item(),
         "swift_minus_single": {"difference": d.mean().item(), "ci95": [lo, hi], "method": method},
-        "best_internal": {"selector": best_internal, "accuracy": t.rows[best_internal][k]},
+        "best_internal": row(best_internal, accuracy=t.rows[best_internal][k]),
         "majority": t.rows["majority"][k],
-        "trivial": {r: t.rows[r][k] for r in trivial},
+        "trivial": {keys[r]: {"name": r, "accuracy": t.rows[r][k]} for r in trivial_rows(t)},
     }
     truncated = c.truncated[:, :k] if c.truncated is not None else torch.zeros_like(c.correct[:, :k])
     out["candidates"] = int(c.correct[:, :k].numel())
     out["truncated"] = {"candidates": int(truncated.sum()), "graded_correct": int((truncated & c.correct[:, :k]).sum())}
-    best_trivial = max(trivial, key=lambda r: t.rows[r][k])
+    best_trivial = best_trivial_row(t, k)
     dt, dt_lo, dt_hi = t.difference_ci(score, best_trivial, k, reps=reps)
-    out["best_trivial"] = {"selector": best_trivial, "accuracy": t.rows[best_trivial][k]}
-    out["swift_minus_best_trivial"] = {"selector": best_trivial, "difference": dt, "ci95": [dt_lo, dt_hi],
-                                       "method": method}
+    out["best_trivial"] = row(best_trivial, accuracy=t.rows[best_trivial][k])
+    out["swift_minus_best_trivial"] = row(best_trivial, difference=dt, ci95=[dt_lo, dt_hi], method=method)
     out["bar"] = {
         "swift_10_points_over_single": d.mean().item() >= 0.10 and lo > 0,
         "best_internal_at_least_majority": t.rows[best_internal][k] >= t.rows["majority"][k],
         "swift_above_best_trivial": dt_lo > 0,
     }
     return out
+
+
+def trivial_rows(t: Table) -> list[str]:
+    """The table's trivial selectors: the :data:`TRIVIAL` rows present, then majority vote."""
+    return [r for r in (*TRIVIAL, "majority") if r in t.rows]
+
+
+def best_trivial_row(t: Table, k: int | None = None) -> str | None:
+    """The trivial selector (:func:`trivial_rows`) with the highest accuracy at ``k`` (default the
+    largest), the first of the best on a tie; None when the table has none."""
+    k = max(t.ks) if k is None else k
+    rows = trivial_rows(t)
+    return max(rows, key=lambda r: t.rows[r][k]) if rows else None
 
 
 def _points(d: dict) -> str:
@@ -473,14 +636,13 @@ def summary_text(s: dict) -> str:
     """The lines under a table: the score against a single sample and against the best trivial
     selector, the best score row against majority, and the truncated candidates."""
     d = s["swift_minus_single"]
-    k, name = s["k"], s.get("score", "SWIFT")
+    k, name, trivial = s["k"], s["score"]["name"], s["best_trivial"]["name"]
     lines = [
         f"single-sample accuracy {100 * s['single_sample_accuracy']:.1f}% (mean over all {k} candidates of each "
         f"problem); {name}@{k} minus single sample {_points(d)} ({d['method']})",
-        f"best trivial selector at k={k}: {s['best_trivial']['selector']} {100 * s['best_trivial']['accuracy']:.1f}%; "
-        f"{name}@{k} minus {s['best_trivial']['selector']} {_points(s['swift_minus_best_trivial'])} "
-        "(paired, same bootstrap)",
-        f"best score at k={k}: {s['best_internal']['selector']} {100 * s['best_internal']['accuracy']:.1f}% vs "
+        f"best trivial selector at k={k}: {trivial} {100 * s['best_trivial']['accuracy']:.1f}%; "
+        f"{name}@{k} minus {trivial} {_points(s['swift_minus_best_trivial'])} (paired, same bootstrap)",
+        f"best score at k={k}: {s['best_internal']['name']} {100 * s['best_internal']['accuracy']:.1f}% vs "
         f"majority {100 * s['majority']:.1f}%",
     ]
     tr = s.get("truncated")

@@ -9,18 +9,36 @@ The rules live here once, and every figure that needs one takes it from here: th
 (:func:`random_pick`), each honouring the candidates stopped during generation (``pruned``).
 Data held flat, one entry per candidate with a problem id (training's validation candidates),
 is laid out as matrices by :func:`by_problem`, whose padding is marked pruned so that no rule
-ever counts it.
+ever counts it. A score row may hold ``None`` (a value the engine did not compute): it counts as NaN.
+
+:func:`best_output` is the same pick over one vLLM ``RequestOutput`` (or any list of completions
+with value attributes): duck-typed, so this module never imports vLLM.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Iterable, Sequence
+import math
+import numbers
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 import torch
 
 
+def _none_as_nan(x):
+    """Nested lists with ``None`` (a score the engine did not compute: vLLM's ``swift_score`` of an
+    unscored candidate, a pruned candidate's ``sar``) as NaN, which every rule here already ranks last."""
+    if x is None:
+        return math.nan
+    if isinstance(x, (list, tuple)):
+        return [_none_as_nan(v) for v in x]
+    return x
+
+
 def _scores(x, k: int | None = None) -> torch.Tensor:
-    t = torch.as_tensor(x, dtype=torch.float64)
+    try:
+        t = torch.as_tensor(x, dtype=torch.float64)
+    except TypeError:
+        t = torch.as_tensor(_none_as_nan(x), dtype=torch.float64)
     if t.dim() != 2:
         raise ValueError(f"scores must be [problems, candidates], got shape {tuple(t.shape)}")
     # NOTE: not nan_to_num, which would also turn +-inf into the largest finite numbers.
@@ -61,6 +79,76 @@ def bon_select(scores, k: int, pruned=None) -> torch.Tensor:
     # every eligible score NaN: argmax fell on index 0, which may be pruned
     first_ok = torch.argmax(ok.to(torch.uint8), dim=1)
     return torch.where(ok.gather(1, idx.view(-1, 1)).squeeze(1), idx, first_ok)
+
+
+_NO_DEFAULT = object()
+
+
+def _candidates(request_output_or_outputs) -> list:
+    """The completions of a vLLM ``RequestOutput`` (``.outputs``), of an OpenAI response
+    (``.choices``), or a list of them as given."""
+    for name in ("outputs", "choices"):
+        inner = getattr(request_output_or_outputs, name, None)
+        if inner is not None and not isinstance(request_output_or_outputs, Mapping):
+            return list(inner)
+    if isinstance(request_output_or_outputs, Mapping):
+        raise TypeError("best_output takes a RequestOutput or a list of candidates, got one mapping: "
+                        "pass [candidate] for a single one")
+    return list(request_output_or_outputs)
+
+
+def _field(c, name: str, default=None):
+    if isinstance(c, Mapping):
+        return c.get(name, default)
+    return getattr(c, name, default)
+
+
+def _value(c, by: str, i: int) -> float:
+    v = _field(c, by)
+    if v is None:
+        return math.nan
+    # NOTE: bool is a number to Python; a True score is a bug upstream, not a 1.0
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"candidate {i}: {by} = {v!r} is not a number: choose a value attribute with by=")
+    return float(v)
+
+
+def best_output(request_output_or_outputs, by: str = "swift_score", default: Any = _NO_DEFAULT):
+    """The candidate with the highest ``by`` among the completions of one request: a vLLM
+    ``RequestOutput`` (its ``outputs``), an OpenAI response (its ``choices``), or a list of
+    candidates (objects with attributes, or mappings). Duck-typed: vLLM is never imported.
+
+    ``by``: any value attribute the candidates carry (``"swift_score"``, ``"sar"``, ...); higher
+    is better, and ties go to the lowest candidate index (``c.index`` when every candidate has
+    one, else the list order), as :func:`bon_select` rules. A candidate whose value is ``None``
+    or NaN, or that was stopped during generation (``swift_pruned``), is never picked.
+
+    When no candidate is left, returns ``default`` if one is given (``best_output(out,
+    default=None)``, as ``max`` takes it), else raises ``ValueError`` saying why: no candidates,
+    none with a value, or every valued one pruned.
+    """
+    cands = _candidates(request_output_or_outputs)
+    if all(isinstance(_field(c, "index"), int) for c in cands):
+        cands = sorted(cands, key=lambda c: _field(c, "index"))
+    if cands and all(_field(c, by, _NO_DEFAULT) is _NO_DEFAULT for c in cands):
+        # a name no candidate has is a typo or a signal the engine was not asked for, not "no value"
+        raise ValueError(
+            f"no candidate has a {by!r} value: check the name (swift_score, sar, ...); sar needs the plugin's "
+            '"sar": true'
+        )
+    values = [_value(c, by, i) for i, c in enumerate(cands)]
+    pruned = [bool(_field(c, "swift_pruned", False)) for c in cands]
+    usable = [not p and not math.isnan(v) for v, p in zip(values, pruned)]
+    if not any(usable):
+        if default is not _NO_DEFAULT:
+            return default
+        missing = sum(math.isnan(v) for v in values)
+        why = ("there are no candidates" if not cands else
+               f"of {len(cands)} candidates, {missing} without a {by} value (None or NaN) and {sum(pruned)} pruned")
+        raise ValueError(f"no candidate to pick by {by}: {why}; pass default= to get a value instead of this error")
+    # the one rule: bon_select over one problem, the unusable candidates marked as pruned
+    i = int(bon_select([values], len(values), pruned=[[not u for u in usable]])[0])
+    return cands[i]
 
 
 def ranks(scores, k: int) -> torch.Tensor:

@@ -3,7 +3,10 @@
 Keys:
 
 ``head`` (required)
-    path of a ``swift_fast.head/1`` file.
+    path of a ``swift_fast.head/1`` file (or of a folder holding ``head.safetensors``), or a
+    Hugging Face Hub repository id ``org/name[@revision][:file]`` (file default
+    ``head.safetensors``), fetched into the Hugging Face cache when the configuration is read
+    (``HF_HUB_OFFLINE=1``: the cache only; ``swift_fast.hf.hub``). A path that exists wins.
 ``sar`` (default ``false``)
     also compute the self-aligned reward of every finished candidate.
 ``sar_context`` (default ``null``: the tokenizer's BOS token)
@@ -41,10 +44,10 @@ dict, so the server also takes the flat keys in brackets):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..hf.hub import resolve_head_lenient
 from ..rewards.head import HeadError, SwiftHead
 from ..selection.pruning import PruneConfig, PruneConfigError
 
@@ -95,7 +98,8 @@ class PluginConfig:
         head = section.get("head")
         if not isinstance(head, str) or not head:
             raise PluginConfigError(
-                f'additional_config["{KEY}"]["head"] must be the path of a SWIFT head file, got {head!r}'
+                f'additional_config["{KEY}"]["head"] must be the path of a SWIFT head file or a Hugging Face Hub '
+                f"repository id (org/name[@revision][:file]), got {head!r}"
             )
         sar = section.get("sar", False)
         if not isinstance(sar, bool):
@@ -123,7 +127,9 @@ class PluginConfig:
             prune = PruneConfig.parse(section.get("prune"), where=f'additional_config["{KEY}"]["prune"]')
         except PruneConfigError as e:
             raise PluginConfigError(str(e)) from None
-        head_path = os.path.abspath(os.path.expanduser(head))
+        # the front end writes the resolved path back into the section (prepare_config): the
+        # engine's other processes read that file, never the Hub
+        head_path = resolve_head_lenient(head)
         return cls(head_path=head_path, sar=sar, sar_context=context, select=select, max_best_of_n=max_bon,
                    prune=prune)
 
