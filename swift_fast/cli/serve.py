@@ -64,7 +64,7 @@ def add_parser(sub, name, help_):
                    help="where vLLM's start-up output goes without --verbose (default swift-fast-serve.log)")
     p.add_argument("model", metavar="MODEL",
                    help="Hugging Face model name or path (as for `vllm serve`), or a .gguf file")
-    p.add_argument("vllm_args", nargs="*", metavar="VLLM_ARG",
+    p.add_argument("vllm_args", nargs="*", metavar="VLLM-OPTION",
                    help="`vllm serve`'s options, after MODEL (--port 8001, --max-model-len 4096, ...)")
     p.prepare = split_argv
     return p

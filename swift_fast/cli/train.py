@@ -177,10 +177,10 @@ def _print_result(out: str, loss: str, result, card: str | None = None) -> None:
         f"at R > 0 (predicting correct{threshold}): balanced accuracy {_fig(vm['balanced_accuracy'])}, "
         f"precision {_fig(vm['precision'])}, recall {_fig(vm['recall'])}"
     )
-    if card:
+    print(format_baselines(result.baselines))
+    if card:  # before the JSON line, which stays last
         print(f"model card: {card} (`swift-fast head info {out}` shows what the head holds; "
               "`swift-fast head push` uploads both)")
-    print(format_baselines(result.baselines))
     print(json.dumps(finite_or_none(
         {"best_epoch": result.best_epoch, "fit": result.fit or None, "val": vm, "baselines": result.baselines,
          "labels": result.labels}
