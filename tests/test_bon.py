@@ -126,6 +126,8 @@ def test_best_output_skips_none_nan_and_pruned_candidates():
     assert best_output(request, by="sar").index == 3  # a tie at 0.2: the lower index
     assert best_output(outs[::-1], by="sar").index == 3  # the order is the candidates' own index
     assert best_output(SimpleNamespace(choices=outs)).index == 4  # an OpenAI response
+    parsed = {"choices": [{"index": 0, "swift_score": 0.2}, {"index": 1, "swift_score": 0.7, "swift_pruned": False}]}
+    assert best_output(parsed)["index"] == 1  # its parsed JSON (requests' .json())
     # mappings (JSON choices), and no index: the list order breaks ties
     assert best_output([{"swift_score": 0.5, "text": "a"}, {"swift_score": 0.5, "text": "b"}])["text"] == "a"
     # -inf is a value: it may win when it is the only one

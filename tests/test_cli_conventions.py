@@ -118,6 +118,26 @@ def test_every_option_has_one_visible_spelling_across_commands():
         assert pair <= dests, f"KEPT lists {sorted(pair)}, which are no longer both in use: drop it"
 
 
+def test_every_visible_option_has_one_long_spelling():
+    """Two visible long spellings on one option (``--temperature``/``--temp``) are two spellings even
+    when every command has both; the short ``-x`` forms and ``--no-X`` negations are not counted."""
+    bad = {}
+    for name, p in _commands().items():
+        for a, visible in _options(p):
+            longs = [s for s in _spelling(a) if s.startswith("--")]
+            if visible and len(longs) > 1:
+                bad[f"{name} {a.dest}"] = longs
+    assert not bad, f"options with several visible long spellings: {bad}"
+
+
+def test_the_long_spelling_check_sees_a_second_spelling():
+    p = argparse.ArgumentParser()
+    p.add_argument("--temperature", "--temp", type=float)
+    p.add_argument("--standardize", action=argparse.BooleanOptionalAction)
+    (t, _), (z, _) = list(_options(p))
+    assert _spelling(t) == ("--temp", "--temperature") and _spelling(z) == ("--standardize",)
+
+
 def test_every_flag_has_one_shape_across_commands():
     """A flag is a switch everywhere or takes a value everywhere (eval's --sar was a column's name
     while `bon --sar` is a switch)."""
@@ -382,3 +402,27 @@ def test_serve_sar_after_the_model_reaches_the_plugin_config(monkeypatch):
     argv = vllm_argv(args)
     assert argv[:4] == ["serve", "M", "--port", "9"] and argv[4] == "--additional-config"
     assert json.loads(argv[5]) == {"other": 1, "swift_fast": {"head": "h.safetensors", "sar": True, "select": "rank"}}
+
+
+@pytest.mark.parametrize("spelling", [["--additional_config", '{"other": 1}'], ['--additional_config={"other": 1}']])
+def test_serve_merges_the_underscore_spelling_of_additional_config(monkeypatch, spelling):
+    from swift_fast.cli.serve import vllm_argv
+
+    argv = vllm_argv(_serve(monkeypatch, "M", "--head", "h.safetensors", *spelling))
+    assert argv[:2] == ["serve", "M"] and argv.count("--additional-config") == 1 and "--additional_config" not in argv
+    assert json.loads(argv[argv.index("--additional-config") + 1])["other"] == 1
+
+
+def test_serve_refuses_the_dotted_additional_config_that_would_drop_the_head(monkeypatch):
+    from swift_fast.cli.serve import vllm_argv
+
+    with pytest.raises(ValueError, match="as one JSON object"):
+        vllm_argv(_serve(monkeypatch, "M", "--head", "h.safetensors", "--additional-config.foo", "1"))
+
+
+@pytest.mark.parametrize("pair, says", [("dtype=float16", "--dtype"), ("seed=3", "--seed"), ("model=x", "--model")])
+def test_vllm_keywords_that_have_their_own_option_are_refused(pair, says):
+    from swift_fast.jobs.engine import parse_vllm_kwargs
+
+    with pytest.raises(ValueError, match=says):
+        parse_vllm_kwargs([pair])

@@ -55,6 +55,14 @@ def _folder_digest(folder, whole=64 << 20, end=1 << 20) -> str:
     return hashlib.sha256(json.dumps(rows, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def _problems_digest(data_file: str) -> str:
+    """The documented digest of the problems as loaded: [id, kind, question, reference] each."""
+    from swift_fast.data.datasets import load_dataset
+
+    rows = [[e.id, e.kind, e.question, e.reference] for e in load_dataset(data_file)]
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def _run_id(record: dict) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
@@ -108,7 +116,7 @@ def test_the_record_names_the_model_data_and_every_setting(first_run, model_dir,
         "format": "swift_fast.run/1",
         "version": swift_fast.__version__,
         "model": {"digest": _folder_digest(model_dir)},
-        "data": {"sha256": _sha256(data_file)},
+        "data": {"sha256": _sha256(data_file), "problems": _problems_digest(data_file)},
         "prompt": {"template": None, "system": None},
         "sampling": {"n": 2, "temperature": 1.0, "top_p": 0.9, "max_new_tokens": 6, "seed": 1},
         "grading": {"kind": None, "truncation": "strict", "timeout": None},
@@ -421,7 +429,7 @@ def _pruned_files(model_dir, data_file, head_files, tmp_path, prune: PruneConfig
     return paths[0], paths[1]
 
 
-def test_bon_refuses_a_pruned_run_with_other_pruning_and_overwrite_removes_both(bon_run, model_dir, data_file,
+def test_bon_refuses_a_pruned_run_with_other_pruning_and_overwrite_removes_only_that_run(bon_run, model_dir, data_file,
                                                                                  head_files, tmp_path, no_engine):
     out, _ = _pruned_files(model_dir, data_file, head_files, tmp_path, PruneConfig(keep=0.5))
     with pytest.raises(ValueError) as e:
@@ -431,7 +439,8 @@ def test_bon_refuses_a_pruned_run_with_other_pruning_and_overwrite_removes_both(
     with pytest.raises(AssertionError, match="an engine started"):
         run_bon(model_dir, head_files[0], data_file, out, dataclasses.replace(BON, prune=PruneConfig(keep=0.25)),
                 overwrite=True)
-    assert sorted(os.listdir(tmp_path)) == []  # both runs' rollouts and records are gone
+    # the pruned run's rollouts and record are gone; the full run, this run's, stays to resume
+    assert sorted(os.listdir(tmp_path)) == ["bon.jsonl", "bon.run.json"]
 
 
 def test_the_bon_cli_passes_overwrite(monkeypatch, tmp_path):
@@ -446,3 +455,23 @@ def test_the_bon_cli_passes_overwrite(monkeypatch, tmp_path):
     monkeypatch.setattr(bon_job, "run_bon", fake_run_bon)
     assert main(["bon", "--model", "m", "--head", "h", "--data", "d", "--overwrite"]) == 2
     assert seen["overwrite"] is True
+
+
+def test_the_same_data_under_another_name_does_not_resume(first_run, model_dir, data_file, tmp_path, no_engine):
+    """Same bytes, other problem ids (they come from the file's name): a resume would append every
+    problem again under its new id."""
+    out = _copy_run(first_run, tmp_path)
+    moved = tmp_path / "renamed.jsonl"
+    shutil.copy(data_file, moved)
+    rows = [json.loads(x) for x in open(moved)]
+    moved.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "id"}) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="data"):
+        run_collect(model_dir, str(moved), out, CFG, ENGINE, progress=False)
+
+
+def test_overwrite_never_removes_a_file_that_is_not_rollouts(model_dir, data_file, tmp_path, no_engine):
+    target = tmp_path / "data.jsonl"
+    shutil.copy(data_file, target)
+    with pytest.raises(ValueError, match="not a rollout line"):
+        run_collect(model_dir, data_file, str(target), CFG, ENGINE, progress=False, overwrite=True)
+    assert target.read_text() == open(data_file).read()

@@ -128,7 +128,14 @@ def vllm_argv(args) -> list[str]:
     i = 0
     while i < len(rest):
         a = rest[i]
-        if a == "--additional-config" or a.startswith("--additional-config="):
+        # NOTE: vLLM's parser reads --additional_config as --additional-config, and
+        # --additional-config.KEY VALUE as one key of it, given after ours it would replace the
+        # whole object and the plugin's section with it
+        flag = a.split("=", 1)[0].replace("_", "-")
+        if flag.startswith("--additional-config."):
+            raise ValueError(f"{a}: give vLLM's additional config as one JSON object (--additional-config "
+                             "'{...}'), into which the plugin's section is merged")
+        if flag == "--additional-config":
             value = a.split("=", 1)[1] if "=" in a else (rest[i + 1] if i + 1 < len(rest) else "")
             i += 1 if "=" in a else 2
             try:

@@ -24,7 +24,7 @@ import re
 from typing import Any
 
 from ..support.files import sha256_of
-from .hub import commit_of_path, hub_cache_dir
+from .hub import commit_of_path, hub_cache_dir, hub_offline
 
 #: files up to this size are hashed whole in a model digest; larger ones by their ends
 WHOLE_FILE_LIMIT = 64 << 20
@@ -82,13 +82,11 @@ def hub_revision(name: str, revision: str | None = None) -> str:
 
     NOTE: an online load may fetch a newer commit than the cache's ``main``; the next rerun then
     sees the new commit and refuses, which is the point."""
-    from huggingface_hub import constants
-
     commit = cached_revision(name, revision)
     if commit:
         return commit
-    why = "HF_HUB_OFFLINE is set and the local cache does not have it"
-    if not constants.HF_HUB_OFFLINE:
+    why = "HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set and the local cache does not have it"
+    if not hub_offline():
         from huggingface_hub import HfApi
 
         try:

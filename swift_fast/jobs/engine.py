@@ -99,6 +99,14 @@ VLLM_OUTPUT_NEUTRAL = frozenset({
 })
 
 
+#: ``vllm.LLM`` keywords the commands set from their own options: ``--vllm`` may not set them twice
+_OWN_KEYWORDS = {
+    "model": "the model is --model",
+    "dtype": "use --dtype",
+    "seed": "use --seed (it seeds the engine and every problem's sampling)",
+}
+
+
 def parse_vllm_kwargs(pairs: list[str]) -> dict:
     """``vllm.LLM`` keywords of ``KEY=VALUE`` texts, each value parsed as JSON when it can be (else
     kept as text); dashes in a key become underscores."""
@@ -107,6 +115,8 @@ def parse_vllm_kwargs(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--vllm {pair!r}: expected KEY=VALUE, e.g. --vllm max_model_len=4096")
+        if key.replace("-", "_") in _OWN_KEYWORDS:
+            raise ValueError(f"--vllm {pair!r}: {_OWN_KEYWORDS[key.replace('-', '_')]}")
         try:
             out[key.replace("-", "_")] = json.loads(value)
         except json.JSONDecodeError:

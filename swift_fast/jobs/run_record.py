@@ -25,7 +25,8 @@ The record, compared field by field (fields named as ``sampling.temperature``):
 ``version``   the package's: its templates, grading and scoring code
 ``model``     a local folder or file: ``digest``; a Hub name: ``name`` and ``revision``, the commit
               it resolves to (``swift_fast.hf.model_identity``, the one rule for which model)
-``data``      ``sha256`` of the problem file (a dataset name: of the file it resolves to)
+``data``      ``sha256`` of the problem file (a dataset name: of the file it resolves to) and
+              ``problems``: a digest of its problems as loaded (id, kind, question, reference)
 ``prompt``    ``template`` and ``system`` as given (None: the dataset's)
 ``sampling``  ``n``, ``temperature``, ``top_p``, ``max_new_tokens``, ``seed``
 ``grading``   ``kind`` (None: each problem's), ``truncation``, ``timeout``
@@ -105,14 +106,18 @@ def build(model: str, data: str, cfg, engine, kind: str | None = None, head: str
     and ``sar``: ``bon``'s plugin (``cfg.plugin_args``: its per-request settings). Reads the
     model's files and the data (no engine, no model load)."""
     from .. import __version__
-    from ..data.datasets import resolve_path
+    from ..data.datasets import load_dataset, resolve_path
 
     data_file = resolve_path(data)
+    # NOTE: the problems as loaded, not only the file's bytes: the same file under another name
+    # gives other problem ids, and a resume would then append every problem again under its new id
+    problems = [[e.id, e.kind, e.question, e.reference] for e in load_dataset(data, kind=kind)]
     record = {
         "format": FORMAT,
         "version": __version__,
         "model": model_record(model, engine.vllm_kwargs.get("revision")),
-        "data": {"sha256": sha256_of(data_file)},
+        "data": {"sha256": sha256_of(data_file),
+                 "problems": hashlib.sha256(canonical(problems).encode()).hexdigest()},
         "prompt": {"template": cfg.template, "system": cfg.system},
         "sampling": {"n": int(cfg.n), "temperature": float(cfg.temperature), "top_p": float(cfg.top_p),
                      "max_new_tokens": int(cfg.max_new_tokens), "seed": int(cfg.seed)},
@@ -125,6 +130,8 @@ def build(model: str, data: str, cfg, engine, kind: str | None = None, head: str
         record["head"] = {"sha256": sha256_of(head)}
         sources["head"] = os.path.abspath(head)
     if head is not None or cfg.plugin_args:
+        # NOTE: bon --prune's full run ("prune": false) is another run than a plain bon's: it keeps
+        # every candidate's per-token values, which the pruning sweep replays
         record["plugin"] = {"sar": bool(sar), "request": cfg.plugin_args}
     return RunRecord(_json(record), sources)
 
@@ -226,20 +233,53 @@ def check_resume(out: str | os.PathLike, run: RunRecord | None, what: str = "") 
     )
 
 
+def _check_rollout_file(path: str) -> None:
+    """Refuse to remove a file that is not a rollout file: every line a JSON problem with its
+    ``candidates`` (a dataset, a head or any other file named as --out by mistake is kept)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if not (isinstance(row, dict) and "candidates" in row):
+                torn = i > 1 and not line.endswith("\n")  # a run killed mid-line leaves a torn last line
+                if torn:
+                    return
+                raise ValueError(
+                    f"{path}:{i}: not a rollout line (no 'candidates'), so --overwrite will not remove this file: "
+                    "name another --out"
+                )
+
+
 def remove_run(out: str | os.PathLike) -> None:
-    """Remove the rollouts at ``out`` and their record, where they exist."""
-    for path in (os.fspath(out), record_path(out)):
+    """Remove the rollouts at ``out`` and their record, where they exist; ``ValueError`` (and
+    nothing removed) when ``out`` holds anything but rollouts."""
+    out = os.fspath(out)
+    if os.path.exists(out):
+        _check_rollout_file(out)
+    for path in (out, record_path(out)):
         if os.path.exists(path):
             os.remove(path)
 
 
 def prepare(runs: list[tuple[str, RunRecord, str]], overwrite: bool = False) -> None:
     """What a job does with its ``(rollout path, record, what)`` runs before any engine starts:
-    with ``overwrite``, remove each run's rollouts and record (:func:`remove_run`); else refuse a
-    resume of another run (:func:`check_resume`), every run checked before anything is removed."""
-    if overwrite:
-        for out, _, _ in runs:
-            remove_run(out)
-        return
+    refuse a resume of another run (:func:`check_resume`); with ``overwrite``, remove instead the
+    rollouts and record of each run that could not resume (:func:`remove_run`): a run that is
+    this run's stays (``bon --prune --overwrite`` with other pruning keeps the full run). Every
+    file is checked before anything is removed."""
+    stale = []
     for out, run, what in runs:
-        check_resume(out, run, what)
+        try:
+            check_resume(out, run, what)
+        except ValueError:
+            if not overwrite:
+                raise
+            if os.path.exists(out):
+                _check_rollout_file(out)
+            stale.append(out)
+    for out in stale:
+        remove_run(out)

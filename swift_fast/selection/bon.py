@@ -85,15 +85,15 @@ _NO_DEFAULT = object()
 
 
 def _candidates(request_output_or_outputs) -> list:
-    """The completions of a vLLM ``RequestOutput`` (``.outputs``), of an OpenAI response
-    (``.choices``), or a list of them as given."""
+    """The completions of a vLLM ``RequestOutput`` (``.outputs``), of an OpenAI response object or
+    its parsed JSON (``.choices``, ``["choices"]``), or a list of them as given."""
     for name in ("outputs", "choices"):
-        inner = getattr(request_output_or_outputs, name, None)
-        if inner is not None and not isinstance(request_output_or_outputs, Mapping):
+        inner = _field(request_output_or_outputs, name)
+        if inner is not None:
             return list(inner)
     if isinstance(request_output_or_outputs, Mapping):
-        raise TypeError("best_output takes a RequestOutput or a list of candidates, got one mapping: "
-                        "pass [candidate] for a single one")
+        raise TypeError("best_output takes a RequestOutput, a response with choices or a list of candidates, got one "
+                        "mapping without 'choices': pass [candidate] for a single one")
     return list(request_output_or_outputs)
 
 
