@@ -56,10 +56,9 @@ def _folder_digest(folder, whole=64 << 20, end=1 << 20) -> str:
 
 
 def _problems_digest(data_file: str) -> str:
-    """The documented digest of the problems as loaded: [id, kind, question, reference] each."""
-    from swift_fast.data.datasets import load_dataset
-
-    rows = [[e.id, e.kind, e.question, e.reference] for e in load_dataset(data_file)]
+    """The documented digest of the problems as loaded, [id, kind, question, reference] each, written
+    out from the rows here: a generic row keeps its own id, is graded as math, its prompt is the question."""
+    rows = [[r["id"], "math", r["prompt"], r["answer"]] for r in DATA]
     return hashlib.sha256(json.dumps(rows, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
