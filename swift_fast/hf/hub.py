@@ -386,8 +386,11 @@ def _looks_like_hub_model(name: str | None) -> bool:
 def _baselines_table(b: dict) -> list[str]:
     n = f"BoN@{b['n']}" if b.get("n") else "Best-of-N"
     out = [f"| selector | AUC | within-problem AUC | {n} |", "| --- | --- | --- | --- |"]
-    names = {"head": "this head", "length": f"length ({(b.get('length') or {}).get('direction', '?')} better)",
-             "mean_logprob": "mean log-prob", "random": "random pick", "oracle": "oracle (pass@N)"}
+    from ..training.baselines import baseline_name
+
+    # the free baselines by the names train prints them under
+    names = {"head": "this head", "length": baseline_name(b, "length") if isinstance(b.get("length"), dict) else "",
+             "mean_logprob": baseline_name(b, "mean_logprob"), "random": "random pick", "oracle": "oracle (pass@N)"}
     for key, label in names.items():
         row = b.get(key)
         if isinstance(row, dict):
