@@ -126,12 +126,7 @@ def collect(
     on every line. None (a library call without one) writes lines without a run id and refuses a
     file of a recorded run. ``engine`` may be None when every example is already there."""
     cfg = cfg or CollectConfig()
-    if cfg.n < 1:
-        raise ValueError(f"n must be >= 1, got {cfg.n}")
-    check_resume(out_path, run)
-    if run is not None:
-        write_sidecar(out_path, run)  # before the first line: no recorded line without its record
-    writer = RolloutWriter(out_path, resume=True, run_id=None if run is None else run.run_id)
+    writer = _open_writer(out_path, cfg, run)
     todo = [ex for ex in examples if str(ex.id) not in writer.done]
     stats = {
         "problems": len(examples),
@@ -144,41 +139,13 @@ def collect(
 
     bar = phase(f"{desc} ({getattr(engine, 'name', '')})", total=len(todo) * cfg.n, unit="candidate",
                 enabled=progress and bool(todo))
-    sampling = {
-        "n": cfg.n,
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "max_new_tokens": cfg.max_new_tokens,
-        "seed": cfg.seed,
-    }
+    sampling = _sampling(cfg)
     try:
         for a in range(0, len(todo), cfg.chunk):
             chunk = todo[a : a + cfg.chunk]
-            rendered = [render(tokenizer, ex, cfg.template, cfg.system) for ex in chunk]
-            seeds = [problem_seed(cfg.seed, str(ex.id)) for ex in chunk]
-            cands = engine.generate([r[1] for r in rendered], seeds, cfg, contexts=[r[2] for r in rendered], bar=bar)
-            grade_candidates(cands, chunk, cfg.grade_timeout, cfg.truncation)
-            for ex, (text, ids, q0), cs in zip(chunk, rendered, cands):
-                writer.write(
-                    Problem(
-                        id=str(ex.id),
-                        question=ex.question,
-                        reference=ex.reference,
-                        kind=ex.kind,
-                        prompt=text,
-                        prompt_token_ids=ids,
-                        candidates=cs,
-                        extra={
-                            "sar_context_token_ids": q0,
-                            "dataset": getattr(ex, "dataset", None),
-                            "model": model_name,
-                            "engine": engine.name,
-                            "sampling": sampling,
-                            "grading": {"truncation": cfg.truncation},
-                            **({"plugin_args": cfg.plugin_args} if cfg.plugin_args else {}),
-                        },
-                    )
-                )
+            rendered, cands = _generate_chunk(engine, tokenizer, chunk, cfg, bar)
+            for ex, r, cs in zip(chunk, rendered, cands):
+                writer.write(_problem(ex, r, cs, cfg, engine.name, model_name, sampling))
                 stats["written"] += 1
                 stats["candidates"] += len(cs)
                 stats["correct"] += sum(bool(c.get("correct")) for c in cs)
@@ -191,6 +158,63 @@ def collect(
         writer.close()
         bar.close()
     return stats
+
+
+def _open_writer(out_path: str | os.PathLike, cfg: CollectConfig, run: RunRecord | None) -> RolloutWriter:
+    """The checks :func:`collect` makes before anything is generated, then the writer that appends
+    to ``out_path``: the run's record goes beside the file first, so no recorded line is ever
+    without its record."""
+    if cfg.n < 1:
+        raise ValueError(f"n must be >= 1, got {cfg.n}")
+    check_resume(out_path, run)
+    if run is not None:
+        write_sidecar(out_path, run)
+    return RolloutWriter(out_path, resume=True, run_id=None if run is None else run.run_id)
+
+
+def _sampling(cfg: CollectConfig) -> dict:
+    """The sampling settings every line records, so a rollout file says how it was drawn."""
+    return {
+        "n": cfg.n,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "max_new_tokens": cfg.max_new_tokens,
+        "seed": cfg.seed,
+    }
+
+
+def _generate_chunk(engine, tokenizer, chunk: Sequence[Any], cfg: CollectConfig, bar) -> tuple[list, list]:
+    """One chunk's prompts rendered, its candidates generated (one seed per problem, so a resumed
+    run draws the same ones) and graded: ``(rendered, candidates)``, one of each per example."""
+    rendered = [render(tokenizer, ex, cfg.template, cfg.system) for ex in chunk]
+    seeds = [problem_seed(cfg.seed, str(ex.id)) for ex in chunk]
+    cands = engine.generate([r[1] for r in rendered], seeds, cfg, contexts=[r[2] for r in rendered], bar=bar)
+    grade_candidates(cands, chunk, cfg.grade_timeout, cfg.truncation)
+    return rendered, cands
+
+
+def _problem(ex, rendered: tuple[str, list[int], list[int]], cands: list[dict], cfg: CollectConfig,
+             engine_name: str, model_name: str, sampling: dict) -> Problem:
+    """The line written for one example: its prompt, graded candidates and how they were made."""
+    text, ids, q0 = rendered
+    return Problem(
+        id=str(ex.id),
+        question=ex.question,
+        reference=ex.reference,
+        kind=ex.kind,
+        prompt=text,
+        prompt_token_ids=ids,
+        candidates=cands,
+        extra={
+            "sar_context_token_ids": q0,
+            "dataset": getattr(ex, "dataset", None),
+            "model": model_name,
+            "engine": engine_name,
+            "sampling": sampling,
+            "grading": {"truncation": cfg.truncation},
+            **({"plugin_args": cfg.plugin_args} if cfg.plugin_args else {}),
+        },
+    )
 
 
 def pending(examples: Sequence[Any], out_path: str | os.PathLike) -> list:
