@@ -201,19 +201,31 @@ def write_tiny_gguf(hf_dir: str, gguf_path: str, quant: str = "F32") -> str:
     if quant not in quants:
         raise ValueError(f"quant {quant!r}: expected one of {quants}")
     import gguf
-    import numpy as np
-    from safetensors.numpy import load_file
     from transformers import AutoConfig, AutoTokenizer
 
     cfg = AutoConfig.from_pretrained(hf_dir)
     if cfg.model_type != "llama":
         raise ValueError(f"{hf_dir}: model_type {cfg.model_type!r}, expected 'llama'")
     tok = AutoTokenizer.from_pretrained(hf_dir)
-    qtype = gguf.GGMLQuantizationType[quant]
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    rope_theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 1e4))
 
     out = gguf.GGUFWriter(gguf_path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
+    _add_gguf_model_metadata(out, hf_dir, cfg, quant)
+    _add_gguf_tokenizer(out, hf_dir, cfg, tok)
+    _add_gguf_tensors(out, hf_dir, cfg, gguf.GGMLQuantizationType[quant])
+
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+    return gguf_path
+
+
+def _add_gguf_model_metadata(out, hf_dir: str, cfg, quant: str) -> None:
+    """Add the ``llama.*`` hyperparameters of ``cfg`` and the file type of ``quant`` to ``out``."""
+    import gguf
+
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    rope_theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 1e4))
     out.add_name(os.path.basename(os.path.normpath(hf_dir)))
     out.add_context_length(cfg.max_position_embeddings)
     out.add_embedding_length(cfg.hidden_size)
@@ -229,6 +241,12 @@ def write_tiny_gguf(hf_dir: str, gguf_path: str, quant: str = "F32") -> str:
     file_types = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "Q8_0": "MOSTLY_Q8_0"}
     out.add_file_type(gguf.LlamaFileType[file_types[quant]])
     out.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _add_gguf_tokenizer(out, hf_dir: str, cfg, tok) -> None:
+    """Add ``tok`` to ``out`` as llama.cpp stores a ``"gpt2"`` (byte-level BPE) tokenizer: tokens,
+    token types, merges, special ids and the chat template."""
+    import gguf
 
     # The vocabulary by id, in the byte-level spelling tokenizer.json uses ("Ġthe"), which is what
     # llama.cpp stores for a "gpt2" model. Special added tokens are CONTROL: loaders match them
@@ -263,14 +281,23 @@ def write_tiny_gguf(hf_dir: str, gguf_path: str, quant: str = "F32") -> str:
     if tok.chat_template:
         out.add_chat_template(tok.chat_template)
 
-    def rope_pairs(w, heads: int):
-        """(heads * head_dim, in) -> same shape, rows of each head reordered half-split -> pairs.
 
-        HF's rotary embedding rotates dimension j of a head with j + head_dim/2 (rotate_half);
-        llama.cpp's llama graph rotates adjacent pairs (2j, 2j+1), the layout of Meta's original
-        checkpoints. So row j goes to 2j and row head_dim/2 + j to 2j + 1; loaders (transformers'
-        LlamaTensorProcessor) undo it."""
-        return w.reshape(heads, 2, w.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(w.shape)
+def _rope_pairs(w, heads: int):
+    """(heads * head_dim, in) -> same shape, rows of each head reordered half-split -> pairs.
+
+    HF's rotary embedding rotates dimension j of a head with j + head_dim/2 (rotate_half);
+    llama.cpp's llama graph rotates adjacent pairs (2j, 2j+1), the layout of Meta's original
+    checkpoints. So row j goes to 2j and row head_dim/2 + j to 2j + 1; loaders (transformers'
+    LlamaTensorProcessor) undo it."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
+def _add_gguf_tensors(out, hf_dir: str, cfg, qtype) -> None:
+    """Add every tensor of ``hf_dir/model.safetensors`` to ``out`` under its llama.cpp name, the 2-D
+    ones as ``qtype``, the rows of ``attn_q``/``attn_k`` reordered as llama.cpp does."""
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
     for hf_name, w in load_file(os.path.join(hf_dir, "model.safetensors")).items():
@@ -279,20 +306,14 @@ def write_tiny_gguf(hf_dir: str, gguf_path: str, quant: str = "F32") -> str:
             raise ValueError(f"{hf_dir}: no llama.cpp name for tensor {hf_name!r}")
         w = w.astype(np.float32)
         if name.endswith(".attn_q.weight"):
-            w = rope_pairs(w, cfg.num_attention_heads)
+            w = _rope_pairs(w, cfg.num_attention_heads)
         elif name.endswith(".attn_k.weight"):
-            w = rope_pairs(w, cfg.num_key_value_heads)
+            w = _rope_pairs(w, cfg.num_key_value_heads)
         # norms are 1-D and tiny, and rounding them costs accuracy everywhere: llama.cpp keeps them F32
         wtype = qtype if w.ndim == 2 else gguf.GGMLQuantizationType.F32
         # quantize gives float32/float16 arrays, or for Q8_0 uint8 rows of blocks (add_tensor
         # recovers the element shape from raw_dtype)
         out.add_tensor(name, gguf.quants.quantize(w, wtype), raw_dtype=wtype)
-
-    out.write_header_to_file()
-    out.write_kv_data_to_file()
-    out.write_tensors_to_file()
-    out.close()
-    return gguf_path
 
 
 # -- a real server ---------------------------------------------------------------------------------

@@ -79,22 +79,53 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
     that gives the features, mean log-prob). The learning curve repeats ``curve_variant``
     (default: the first variant). ``model``: the model folder (default: the one the recipe's
     ``times.json`` names)."""
+    model = _load_model(out, model)
+    train_p = read_rollouts(os.path.join(out, "train_rollouts.jsonl"))
+    test_p = read_rollouts(test_rollouts or os.path.join(out, "test_bon.jsonl"))
+    seqs, plens, owner = _candidate_sequences(train_p, test_p)
+    everything = list(range(model.config.num_hidden_layers + 1))
+    source = _every_state_source(model, seqs, plens, everything, out, log)
+    _fill_mean_logprobs(source, owner, test_p, len(seqs))
+    ablation = _Ablation(model.config, source, everything, owner, test_p, seed, log)
+    train_ids = ablation.train_ids
+
+    results = {"variants": {}, "curve": {}, "held_out_problems": len(test_p), "training_problems": len(train_ids)}
+    variants = variants or default_variants()
+    for name, change in variants.items():
+        results["variants"][name] = ablation.fit(name, train_ids, **change)
+    curve_variant = curve_variant or next(iter(variants))
+    order = list(train_ids)
+    import random
+
+    random.Random(seed).shuffle(order)
+    for size in curve:
+        if size < len(train_ids):
+            results["curve"][size] = ablation.fit(f"curve {size}", order[:size], **variants[curve_variant])
+    results["curve"][len(train_ids)] = results["variants"][curve_variant]
+    results["curve_variant"] = curve_variant
+    b = next(iter(results["variants"].values()))["bon"]
+    results["baselines"] = {r: v for r, v in b.items() if not r.startswith(tuple(results["variants"]))}
+    with open(os.path.join(out, "ablations.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    return results
+
+
+def _load_model(out: str, model: str | None):
+    """The float32 causal LM in folder ``model`` (default: the one ``out/times.json`` names), in eval mode."""
     from transformers import AutoModelForCausalLM
 
     from ..hf.loading import transformers_bars
-    from ..hf.train import HFFeatureSource
-    from ..rewards.head import SwiftHead
-    from ..training.loop import score_and_count, train_head
-    from ..training.settings import TrainSettings
-    from ..training.splits import Example, split_by_problem
 
     if model is None:
         with open(os.path.join(out, "times.json")) as f:
             model = json.load(f)["model"]
     with transformers_bars(sys.stderr.isatty()):
-        model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    train_p = read_rollouts(os.path.join(out, "train_rollouts.jsonl"))
-    test_p = read_rollouts(test_rollouts or os.path.join(out, "test_bon.jsonl"))
+        return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+
+
+def _candidate_sequences(train_p, test_p) -> tuple[list[list[int]], list[int], list[tuple]]:
+    """``(seqs, plens, owner)`` of every non-empty candidate, training problems first: its prompt
+    and response token ids, its prompt's length and ``(part, problem id, index, correct)``."""
     seqs, plens, owner = [], [], []
     for part, problems in (("train", train_p), ("test", test_p)):
         for p in problems:
@@ -104,8 +135,13 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
                 seqs.append(list(p.prompt_token_ids) + list(c["token_ids"]))
                 plens.append(len(p.prompt_token_ids))
                 owner.append((part, p.id, i, bool(c["correct"])))
-    num_layers = model.config.num_hidden_layers
-    everything = list(range(num_layers + 1))
+    return seqs, plens, owner
+
+
+def _every_state_source(model, seqs, plens, everything: list[int], out: str, log):
+    """The filled feature cache (``out/ablation_cache``) of the states ``everything`` of ``seqs``."""
+    from ..hf.train import HFFeatureSource
+
     t0 = time.perf_counter()
     source = HFFeatureSource(model, seqs, plens, everything, "predicting", "hidden",
                              cache_dir=os.path.join(out, "ablation_cache"),
@@ -115,7 +151,12 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
 
     source.fill(progress=True)
     log(f"features of {len(seqs)} candidates in {time.perf_counter() - t0:.0f} s")
-    lp = source.mean_logprobs(list(range(len(seqs)))).tolist()
+    return source
+
+
+def _fill_mean_logprobs(source, owner, test_p, n: int) -> None:
+    """Give each held-out candidate without a ``mean_logprob`` the one of ``source``."""
+    lp = source.mean_logprobs(list(range(n))).tolist()
     test_by_id = {p.id: p for p in test_p}
     for key, (part, pid, i, _) in enumerate(owner):
         if part == "test":
@@ -123,17 +164,37 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
             if cand.get("mean_logprob") is None:
                 cand["mean_logprob"] = lp[key]
 
-    train_ids = list(dict.fromkeys(o[1] for o in owner if o[0] == "train"))  # the file's order, as train reads it
-    examples_by_problem: dict[str, list[Example]] = {}
-    test_ex = []
-    for key, (part, pid, _, y) in enumerate(owner):
-        e = Example(key=key, problem=pid, label=y)
-        (examples_by_problem.setdefault(pid, []) if part == "train" else test_ex).append(e)
-    test_index = {(o[1], o[2]): k for k, o in enumerate(owner) if o[0] == "test"}
 
-    def evaluate(head, name) -> dict:
-        view = _LayerView(source, [everything.index(i) for i in head.layers])
-        s, tokens = score_and_count(head, view, test_ex, batch_size=64)
+class _Ablation:
+    """One feature cache, its candidates as examples, and the held-out problems: fits a variant on
+    some training problems and scores it on the held-out ones."""
+
+    def __init__(self, config, source, everything: list[int], owner, test_p, seed: int, log):
+        from ..training.splits import Example
+
+        self.config, self.source, self.everything = config, source, everything
+        self.test_p, self.seed, self.log = test_p, seed, log
+        # the file's order, as train reads it
+        self.train_ids = list(dict.fromkeys(o[1] for o in owner if o[0] == "train"))
+        self.examples_by_problem: dict[str, list[Example]] = {}
+        self.test_ex = []
+        for key, (part, pid, _, y) in enumerate(owner):
+            e = Example(key=key, problem=pid, label=y)
+            (self.examples_by_problem.setdefault(pid, []) if part == "train" else self.test_ex).append(e)
+        self.test_index = {(o[1], o[2]): k for k, o in enumerate(owner) if o[0] == "test"}
+
+    def view(self, layers) -> _LayerView:
+        """The cache's states of ``layers``."""
+        return _LayerView(self.source, [self.everything.index(i) for i in layers])
+
+    def evaluate(self, head, name) -> dict:
+        """``head``'s Best-of-N at k = 16 beside the trivial selectors, its margin over the best of
+        them and its within-problem AUCs on the held-out candidates (scores stored as ``a:name``
+        and ``r:name`` on them)."""
+        from ..training.loop import score_and_count
+
+        test_ex, test_p = self.test_ex, self.test_p
+        s, tokens = score_and_count(head, self.view(head.layers), test_ex, batch_size=64)
         by_key = {e.key: float(v) for e, v in zip(test_ex, s)}
         labels = torch.tensor([float(e.label) for e in test_ex])
         index = {pid: g for g, pid in enumerate(dict.fromkeys(e.problem for e in test_ex))}
@@ -142,7 +203,7 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
         res_key = {e.key: float(v) for e, v in zip(test_ex, resid)}
         for p in test_p:
             for i, c in enumerate(p.candidates):
-                k = test_index.get((p.id, i))
+                k = self.test_index.get((p.id, i))
                 c[f"a:{name}"] = by_key.get(k, float("-inf"))
                 c[f"r:{name}"] = res_key.get(k, float("-inf"))
         cands = report.gather(test_p, [f"a:{name}", f"r:{name}"], n=16, signals=True)
@@ -158,22 +219,22 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
             "within_problem_auc_length_residual": within_problem_auc(resid, labels, groups),
         }
 
-    def fit(name, problem_ids, **change):
-        h = {"solver": "probe", "layers": "all"}  # train's default for bce
-        if change.get("solver", "adamw") == "adamw":  # the epoch loop, with train's defaults for it
-            d = TrainSettings()
-            h = {"solver": "adamw", "layers": d.layers, "loss": d.loss, "lr": d.lr, "weight_decay": d.weight_decay,
-                 "gate": True, "select": d.select, "standardize": d.standardize}
-        h.update(change)
-        from ..rewards.head import resolve_layers
+    def fit(self, name, problem_ids, **change) -> dict:
+        """Train a head as ``swift-fast train`` would with ``change`` on ``problem_ids``, log and
+        return its setting, how it was fitted and ``evaluate``'s results."""
+        from ..rewards.head import SwiftHead, resolve_layers
+        from ..training.loop import train_head
         from ..training.probe import train_probe
+        from ..training.splits import split_by_problem
 
-        layers = resolve_layers(h["layers"], num_layers)
-        head = SwiftHead(model.config.hidden_size, layers, gate=h.get("gate", False), alignment="predicting")
-        view = _LayerView(source, [everything.index(i) for i in layers])
+        h = _train_setting(change)
+        layers = resolve_layers(h["layers"], self.config.num_hidden_layers)
+        head = SwiftHead(self.config.hidden_size, layers, gate=h.get("gate", False), alignment="predicting")
+        view = self.view(layers)
+        seed = self.seed
         tr_ids, va_ids = split_by_problem(problem_ids, 0.2, seed)  # as train splits a file of these problems
-        tr = [e for pid in tr_ids for e in examples_by_problem[pid]]
-        va = [e for pid in va_ids for e in examples_by_problem[pid]]
+        tr = [e for pid in tr_ids for e in self.examples_by_problem[pid]]
+        va = [e for pid in va_ids for e in self.examples_by_problem[pid]]
         t = time.perf_counter()
         if h["solver"] == "probe":
             # as train does: validation measured, then refitted on training and validation problems
@@ -184,35 +245,33 @@ def run_ablations(out: str = "real_out", variants: dict | None = None, curve: Se
         fitted = set(tr_ids) | (set(va_ids) if res.fit.get("refit") else set())
         r = {"setting": h, "problems": len(problem_ids), "fitted_on_problems": len(fitted),
              "best_epoch": res.best_epoch, "epochs_run": res.epochs_run, "fit": res.fit,
-             "seconds": time.perf_counter() - t, **evaluate(head, name)}
-        bon = r["bon"]
-        log(f"{name:34s} BoN@16 {100 * bon[name]:5.1f}"
+             "seconds": time.perf_counter() - t, **self.evaluate(head, name)}
+        self.log(_fit_line(name, r, res))
+        return r
+
+
+def _train_setting(change: dict) -> dict:
+    """Train's settings for a variant: its defaults for the solver ``change`` names, updated by ``change``."""
+    from ..training.settings import TrainSettings
+
+    h = {"solver": "probe", "layers": "all"}  # train's default for bce
+    if change.get("solver", "adamw") == "adamw":  # the epoch loop, with train's defaults for it
+        d = TrainSettings()
+        h = {"solver": "adamw", "layers": d.layers, "loss": d.loss, "lr": d.lr, "weight_decay": d.weight_decay,
+             "gate": True, "select": d.select, "standardize": d.standardize}
+    h.update(change)
+    return h
+
+
+def _fit_line(name: str, r: dict, res) -> str:
+    """One fit's line of the log: its Best-of-N at 16, length-residual, vote, AUC and margin."""
+    bon = r["bon"]
+    return (f"{name:34s} BoN@16 {100 * bon[name]:5.1f}"
             f"  length-residual {100 * bon[name + ' (length regressed out)']:5.1f}"
             f"  vote {100 * bon[name + ' weighted vote']:5.1f}  wAUC {r['within_problem_auc']:.3f}"
             f"  vs best trivial {100 * r['minus_best_trivial']['difference']:+5.1f}"
             f" [{100 * r['minus_best_trivial']['ci95'][0]:+.1f}, {100 * r['minus_best_trivial']['ci95'][1]:+.1f}]"
             f"  ({_how(res)}, {r['seconds']:.0f} s)")
-        return r
-
-    results = {"variants": {}, "curve": {}, "held_out_problems": len(test_p), "training_problems": len(train_ids)}
-    variants = variants or default_variants()
-    for name, change in variants.items():
-        results["variants"][name] = fit(name, train_ids, **change)
-    curve_variant = curve_variant or next(iter(variants))
-    order = list(train_ids)
-    import random
-
-    random.Random(seed).shuffle(order)
-    for size in curve:
-        if size < len(train_ids):
-            results["curve"][size] = fit(f"curve {size}", order[:size], **variants[curve_variant])
-    results["curve"][len(train_ids)] = results["variants"][curve_variant]
-    results["curve_variant"] = curve_variant
-    b = next(iter(results["variants"].values()))["bon"]
-    results["baselines"] = {r: v for r, v in b.items() if not r.startswith(tuple(results["variants"]))}
-    with open(os.path.join(out, "ablations.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    return results
 
 
 def _how(res) -> str:

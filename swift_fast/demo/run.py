@@ -129,32 +129,10 @@ def run_demo(
     sampling = Sampling(n=n, seed=seed, max_new_tokens=prov["recipe"]["max_new_tokens"])
     log(f"swift-fast demo: {len(problems)} held-out problems x {n} candidates, backend {backend}")
     be = make_backend(backend, model_dir, head_path, seed=seed)
-    contexts = [p.extra["sar_context_token_ids"] for p in problems]
     traced = be.name == "vllm"
-    pruning = None
-    try:
-        # traced: each token's values come back too, for the trivial selectors and the pruning sweep
-        cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress, contexts=contexts,
-                            desc="generate, full Best-of-N", **({"plugin_args": {"trace": True}} if traced else {}))
-        for p, cs in zip(problems, cands):
-            p.candidates = cs
-            grade(p)
-        log(graded_text(problems))
-        if traced and n > 1:
-            pruning = prune_run(be, problems, sampling, contexts, prune, out_dir, progress=progress, log=log,
-                                title=title)
-    finally:
-        be.close()
+    pruning = _sample_and_grade(be, problems, sampling, prune, out_dir, progress=progress, log=log, title=title)
     model = _load_model(model_dir)
-    if traced and report.record_trace_signals(problems, CONF_WINDOW) == sum(len(p.candidates) for p in problems):
-        signals = {"window": CONF_WINDOW, "top_k": TOP_K, "candidates": sum(len(p.candidates) for p in problems),
-                   "seconds": 0.0, "source": "the vLLM plugin's per-token values (swift_trace)"}
-    else:
-        signals = add_signals(model, problems)
-        signals["source"] = "transformers, one forward per batch"
-    if signals["seconds"]:  # from the plugin's per-token values they cost nothing worth a line
-        log(f"trivial signals (length, mean logprob, confidence W={CONF_WINDOW}, top-{signals['top_k']}) of "
-            f"{signals['candidates']} candidates: {signals['seconds']:.1f} s ({signals['source']})")
+    signals = _trivial_signals(model, problems, traced, log)
     os.makedirs(out_dir, exist_ok=True)
     for p in problems:
         for c in p.candidates:
@@ -171,12 +149,61 @@ def run_demo(
         log(prune_text(pruning))
     report.plot(t, os.path.join(out_dir, "bon.png"), title=f"swift-fast demo: {title}")
     if show:
-        # problems where selection matters (correct and incorrect candidates both present) first
-        mixed = [p for p in problems if len({bool(c["correct"]) for c in p.candidates}) == 2]
-        ids = {id(p) for p in mixed}
-        shown = (mixed + [p for p in problems if id(p) not in ids])[:show]
-        _html(shown, model, head_path, tok, os.path.join(out_dir, "candidates.html"), summary_text(s))
+        _html(_shown_problems(problems, show), model, head_path, tok, os.path.join(out_dir, "candidates.html"),
+              summary_text(s))
     s["seconds"] = round(time.time() - t0, 1)
+    _write_table(out_dir, t, s, text, pruning, log)
+    return s
+
+
+def _sample_and_grade(be, problems: list[Problem], sampling: Sampling, prune: PruneConfig | None, out_dir: str,
+                      progress: bool, log, title: str) -> dict | None:
+    """Sample each problem's candidates with ``be``, grade them and log the graded text; with vLLM
+    and N > 1 also run the pruning beside them and return its summary (else None). Closes ``be``."""
+    contexts = [p.extra["sar_context_token_ids"] for p in problems]
+    traced = be.name == "vllm"
+    pruning = None
+    try:
+        # traced: each token's values come back too, for the trivial selectors and the pruning sweep
+        cands = be.generate([p.prompt_token_ids for p in problems], sampling, progress=progress, contexts=contexts,
+                            desc="generate, full Best-of-N", **({"plugin_args": {"trace": True}} if traced else {}))
+        for p, cs in zip(problems, cands):
+            p.candidates = cs
+            grade(p)
+        log(graded_text(problems))
+        if traced and sampling.n > 1:
+            pruning = prune_run(be, problems, sampling, contexts, prune, out_dir, progress=progress, log=log,
+                                title=title)
+    finally:
+        be.close()
+    return pruning
+
+
+def _trivial_signals(model, problems: list[Problem], traced: bool, log) -> dict:
+    """Record each candidate's trivial signals (from the plugin's per-token values where every
+    candidate has them, else from ``model``) and return how they were computed."""
+    if traced and report.record_trace_signals(problems, CONF_WINDOW) == sum(len(p.candidates) for p in problems):
+        signals = {"window": CONF_WINDOW, "top_k": TOP_K, "candidates": sum(len(p.candidates) for p in problems),
+                   "seconds": 0.0, "source": "the vLLM plugin's per-token values (swift_trace)"}
+    else:
+        signals = add_signals(model, problems)
+        signals["source"] = "transformers, one forward per batch"
+    if signals["seconds"]:  # from the plugin's per-token values they cost nothing worth a line
+        log(f"trivial signals (length, mean logprob, confidence W={CONF_WINDOW}, top-{signals['top_k']}) of "
+            f"{signals['candidates']} candidates: {signals['seconds']:.1f} s ({signals['source']})")
+    return signals
+
+
+def _shown_problems(problems: list[Problem], show: int) -> list[Problem]:
+    """The first ``show`` problems for ``candidates.html``."""
+    # problems where selection matters (correct and incorrect candidates both present) first
+    mixed = [p for p in problems if len({bool(c["correct"]) for c in p.candidates}) == 2]
+    ids = {id(p) for p in mixed}
+    return (mixed + [p for p in problems if id(p) not in ids])[:show]
+
+
+def _write_table(out_dir: str, t: report.Table, s: dict, text: str, pruning: dict | None, log) -> None:
+    """Write ``table.txt`` and ``table.json`` and log what the run wrote."""
     with open(os.path.join(out_dir, "table.txt"), "w", encoding="utf-8") as f:
         f.write(text + "\n" + summary_text(s) + "\n")
     report.save_json(t, os.path.join(out_dir, "table.json"), summary=s)
@@ -184,7 +211,6 @@ def run_demo(
         ", prune.png" if pruning is not None else "")
     log(f"wrote {out_dir}/table.txt, table.json, bon.png, candidates.html, rollouts.jsonl{extra} "
         f"({s['seconds']:.0f} s)")
-    return s
 
 
 #: each demo task in a few words (headings, plot titles)

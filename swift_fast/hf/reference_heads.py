@@ -168,6 +168,16 @@ def load_reference_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.
     without, to floating-point tensors; everything else is refused with ``HeadError``.
     """
     path = os.fspath(path)
+    sd = _read_checkpoint_mapping(path)
+    gate = _reference_gate(path, sd)
+    want = GATED_KEYS if gate else PLAIN_KEYS
+    w, b = sd[want[0]], sd[want[1]]
+    _check_reference_tensors(path, want, w, b, rows=2 if gate else 1)
+    return {want[0]: w, want[1]: b}, gate
+
+
+def _read_checkpoint_mapping(path: str) -> Mapping:
+    """The mapping that the ``.pt`` file at ``path`` holds, unpickled without running code."""
     if not os.path.isfile(path):
         raise HeadError(f"no checkpoint file at {path}")
     if path.endswith(".safetensors"):
@@ -193,6 +203,12 @@ def load_reference_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.
             f"{path} holds a {type(sd).__name__}, not a state dict: the SWIFT reference saves "
             "torch.save(reward_model.state_dict())"
         )
+    return sd
+
+
+def _reference_gate(path: str, sd: Mapping) -> bool:
+    """Whether ``sd`` is a gated head (``fused_layer.*``) rather than a ``--disable_gate`` one
+    (``reward_layer.*``), once its keys are checked to be exactly one of the two sets."""
     keys = [str(k) for k in sd.keys()]
     for k, v in sd.items():
         if isinstance(v, Mapping):
@@ -228,8 +244,12 @@ def load_reference_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.
     if missing:
         kind = "gated" if gate else "--disable_gate"
         raise HeadError(f"{path} lacks {missing}: a {kind} reference head has {list(want)}")
-    rows = 2 if gate else 1
-    w, b = sd[want[0]], sd[want[1]]
+    return gate
+
+
+def _check_reference_tensors(path: str, want, w, b, rows: int) -> None:
+    """Refuse a weight ``w`` or bias ``b`` (keys ``want``) that is no finite floating-point tensor
+    of shape ``[rows, D]`` or ``[rows]``."""
     for k, t in ((want[0], w), (want[1], b)):
         if not isinstance(t, torch.Tensor):
             raise HeadError(f"{path}: {k} is a {type(t).__name__}, not a tensor")
@@ -241,7 +261,6 @@ def load_reference_state_dict(path: str | os.PathLike) -> tuple[dict[str, torch.
         raise HeadError(f"{path}: {want[1]} has shape {tuple(b.shape)}, expected [{rows}]")
     if not (torch.isfinite(w).all() and torch.isfinite(b).all()):
         raise HeadError(f"{path}: the checkpoint's weights contain NaN or infinity (a diverged training run?)")
-    return {want[0]: w, want[1]: b}, gate
 
 
 def import_reference_checkpoint(
@@ -292,25 +311,10 @@ def import_reference_checkpoint(
     else:
         sel = reference_layers(layers, L)
         notes += sel.notes
-        k = len(sel.raw)
-        if D != k * d:
-            raise HeadError(_hidden_mismatch(path, D, k, d, L, V, model, layers is None))
-        blocks = w.double().view(w.shape[0], k, d)
-        head_layers = sel.head_layers
-        slot = {j: n for n, j in enumerate(head_layers)}
-        merged = torch.zeros(w.shape[0], len(head_layers), d, dtype=torch.float64)
-        for i, j in enumerate(sel.resolved):
-            merged[:, slot[j]] += blocks[:, i]
-        if apply_norm:
-            g, norm_eps = _check_norm(norm_weight, config, d, model)
-            merged *= g.double()
-            if L in head_layers:
-                notes.append(
-                    f"--apply_norm normalises state {L}, already the final norm's output, a second time, as the "
-                    "reference does: the head reproduces that"
-                )
-        weight = merged.reshape(w.shape[0], -1)
-        width = d
+        if D != len(sel.raw) * d:
+            raise HeadError(_hidden_mismatch(path, D, len(sel.raw), d, L, V, model, layers is None))
+        weight, norm_eps = _merged_hidden_weight(w, sel, d, L, apply_norm, norm_weight, config, model, notes)
+        width, head_layers = d, sel.head_layers
     head = SwiftHead(width, head_layers, gate=gate, alignment="emitted",
                      feature="logits" if logits else "hidden", norm_eps=norm_eps)
     w32, b32 = weight.float(), b.float()
@@ -320,10 +324,42 @@ def import_reference_checkpoint(
         head.weight.copy_(w32)
         head.bias.copy_(b32)
     head.bind_model(config, name=model_name)
+    head.provenance = _import_provenance(path, sd, D, layers, apply_norm, logits, gate, notes)
+    return head
+
+
+def _merged_hidden_weight(w, sel: ReferenceLayers, d: int, L: int, apply_norm: bool, norm_weight, config,
+                          model: str, notes: list[str]) -> tuple[torch.Tensor, float | None]:
+    """``(weight, norm_eps)``: the reference weight ``w`` (``[rows, k * d]``, blocks in the order of
+    ``sel.raw``) as the head's ``[rows, len(head_layers) * d]`` float64 weight, blocks of repeated
+    states summed, the final norm's gain folded in with ``apply_norm`` (``norm_eps`` its epsilon,
+    else None); appends to ``notes``. ``L``: the model's number of layers."""
+    k = len(sel.raw)
+    blocks = w.double().view(w.shape[0], k, d)
+    head_layers = sel.head_layers
+    slot = {j: n for n, j in enumerate(head_layers)}
+    merged = torch.zeros(w.shape[0], len(head_layers), d, dtype=torch.float64)
+    for i, j in enumerate(sel.resolved):
+        merged[:, slot[j]] += blocks[:, i]
+    norm_eps = None
+    if apply_norm:
+        g, norm_eps = _check_norm(norm_weight, config, d, model)
+        merged *= g.double()
+        if L in head_layers:
+            notes.append(
+                f"--apply_norm normalises state {L}, already the final norm's output, a second time, as the "
+                "reference does: the head reproduces that"
+            )
+    return merged.reshape(w.shape[0], -1), norm_eps
+
+
+def _import_provenance(path: str, sd: dict, D: int, layers, apply_norm: bool, logits: bool, gate: bool,
+                       notes: list[str]) -> dict:
+    """The provenance an imported head records: the tool, the source file, the options, ``notes``."""
     from .. import __version__
     from ..support.files import sha256_of
 
-    head.provenance = {
+    return {
         "created_by": TOOL,
         "swift_fast": __version__,
         "source": {
@@ -341,7 +377,6 @@ def import_reference_checkpoint(
         },
         "notes": notes,
     }
-    return head
 
 
 def read_final_norm_weight(model: str | os.PathLike, key: str = FINAL_NORM_KEY) -> torch.Tensor:
