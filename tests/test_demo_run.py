@@ -232,3 +232,10 @@ def test_vllm_info_logs_are_quiet_unless_asked(monkeypatch):
         assert logger.getEffectiveLevel() == logging.ERROR
     finally:
         logger.setLevel(before)
+
+
+def test_the_pruned_runs_time_says_slower_when_it_was():
+    from swift_fast.demo.run import _speed
+
+    assert _speed(1.568) == "1.57x faster"
+    assert _speed(0.57) == "1.75x slower in wall time"

@@ -298,6 +298,11 @@ def prune_run(be, problems: list[Problem], sampling: Sampling, contexts, cfg: Pr
     return out
 
 
+def _speed(ratio: float) -> str:
+    # the pruned run can lose in wall time (little to cut, a busy machine): never print "0.57x faster"
+    return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower in wall time"
+
+
 def prune_text(d: dict) -> str:
     """The pruning summary: settings, tokens, time, accuracy, the signals at equal budget, and
     the setting the sweep recommends."""
@@ -308,8 +313,7 @@ def prune_text(d: dict) -> str:
         t = d["seconds"]
         lines += [f"pruning during generation ({_settings(d['settings'])}), Best-of-N by SWIFT:",
                   "  " + pr.summary_text(d["measured"], "pruned run"),
-                  f"  vLLM time {t['pruned']:.1f} s vs {t['full']:.1f} s for full Best-of-N "
-                  f"({t['speedup']:.2f}x faster)",
+                  f"  vLLM time {t['pruned']:.1f} s vs {t['full']:.1f} s for full Best-of-N ({_speed(t['speedup'])})",
                   "  " + pr.summary_text(d["replayed"], "replayed on the full run's per-token values")]
         for signal, r in d["at_equal_budget"].items():
             if r is not None:
