@@ -250,8 +250,14 @@ def test_front_end_modules_load_neither_kernels_nor_triton():
     [
         ({"head": "x.safetensors", "sar": "yes"}, "true or false"),
         ({"head": "x.safetensors", "layers": [1]}, "unknown key"),
-        ({"sar": True}, "path of a SWIFT head"),
-        ({"head": "x.safetensors", "select": "rank"}, "set \"sar\": true"),
+        ({"head": 3}, "path of a SWIFT head"),
+        ({"head": "x.safetensors", "select": "rank"}, 'needs SAR \\("sar": true\\)'),
+        ({"select": "swift"}, "needs a SWIFT head"),
+        ({"select": "vote:confidence_tail"}, "needs an answer extractor"),
+        ({"select": "best"}, "is not a selector"),
+        ({"prune": {"signal": "swift"}}, "needs a SWIFT head"),
+        ({"confidence_window": 0}, "positive number of tokens"),
+        ({"answer": "number"}, "must be one of"),
         (3, "must be an object"),
     ],
 )

@@ -10,10 +10,17 @@ A peaked distribution has a few tokens near log 1 = 0 and the rest far below, so
 when the model is sure. Group confidence is the mean of ``C`` over a sliding window of ``W``
 consecutive tokens; a candidate's *lowest group* confidence is the minimum over its windows (a
 sequence shorter than ``W`` is one group), its *tail* confidence the mean over its last ``W``
-tokens. Higher is better for all of them. A candidate with no token has no confidence: NaN.
+tokens, its *bottom-10%* confidence the mean of the lowest 10% of its window means (at least
+one window). Higher is better for all of them. A candidate with no token has no confidence: NaN.
 
-The paper uses k = 20 and W = 2048 on reasoning traces of thousands of tokens; callers choose
-``W`` for their answer lengths (the demo's answers are tens of tokens).
+The paper uses k = 20 and W = 2048 on reasoning traces of thousands of tokens (the default
+here, :data:`DEFAULT_WINDOW`); callers may choose ``W`` for their answer lengths (the demo's
+answers are tens of tokens). An answer of at most ``W`` tokens is one group: all three
+confidences are then its mean token confidence.
+
+The same definitions as the ``deepconf`` package's ``utils`` (``compute_confidence``,
+``compute_least_grouped``, ``calculate_tail_confidence``, ``calculate_bottom_window_confidence``),
+without its rounding to 3 decimals; ``tests/test_confidence_peer.py`` holds them to it.
 """
 
 from __future__ import annotations
@@ -26,11 +33,16 @@ import torch
 
 #: tokens whose log-probs a token confidence averages (the paper's k)
 TOP_K = 20
+#: tokens per group (the paper's sliding window)
+DEFAULT_WINDOW = 2048
+#: share of the lowest window means that ``bottom`` averages (the paper's bottom 10%)
+BOTTOM_FRACTION = 0.1
 
 
-def token_confidence(logits: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
+def token_confidence(logits: torch.Tensor, k: int = TOP_K, lse: torch.Tensor | None = None) -> torch.Tensor:
     """``C_t`` of every row: float32 ``[T]`` from logits ``[T, V]`` (any float dtype; reduced in
-    float32). ``k`` is capped at the vocabulary size."""
+    float32). ``k`` is capped at the vocabulary size. ``lse``: the rows' ``logsumexp`` when the
+    caller has it already (float32 ``[T]``)."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be [T, V], got shape {tuple(logits.shape)}")
     x = logits.float()
@@ -38,7 +50,9 @@ def token_confidence(logits: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     top = torch.topk(x, k, dim=-1).values
-    return -(top.mean(dim=-1) - torch.logsumexp(x, dim=-1))
+    if lse is None:
+        lse = torch.logsumexp(x, dim=-1)
+    return lse.float() - top.mean(dim=-1)
 
 
 def lowest_group(conf: Sequence[float], window: int) -> float:
@@ -62,6 +76,37 @@ def tail(conf: Sequence[float], window: int) -> float:
     _check_window(window)
     c = [float(x) for x in conf][-window:]
     return sum(c) / len(c) if c else math.nan
+
+
+def window_means(conf: Sequence[float], window: int) -> list[float]:
+    """Mean of every window of ``window`` consecutive tokens (float64, by running sums re-summed
+    exactly: ``math.fsum``); one group, the mean of all, when there are at most ``window`` tokens."""
+    _check_window(window)
+    c = [float(x) for x in conf]
+    if not c:
+        return []
+    if len(c) <= window:
+        return [math.fsum(c) / len(c)]
+    import numpy as np
+
+    s = np.concatenate([[0.0], np.cumsum(np.asarray(c, dtype=np.float64))])
+    return ((s[window:] - s[:-window]) / window).tolist()
+
+
+def bottom(conf: Sequence[float], window: int, fraction: float = BOTTOM_FRACTION) -> float:
+    """Mean of the lowest ``fraction`` of the window means (at least one; NaN when empty)."""
+    means = window_means(conf, window)
+    if not means:
+        return math.nan
+    k = max(1, int(len(means) * fraction))
+    return math.fsum(sorted(means)[:k]) / k
+
+
+def summary(conf: Sequence[float], window: int) -> dict[str, float]:
+    """A candidate's three group confidences from its token confidences ``conf``:
+    ``{"confidence_lowest_group", "confidence_tail", "confidence_bottom10"}`` (NaN when empty)."""
+    return {"confidence_lowest_group": lowest_group(conf, window), "confidence_tail": tail(conf, window),
+            "confidence_bottom10": bottom(conf, window)}
 
 
 def _check_window(window: int) -> None:

@@ -100,7 +100,7 @@ _REGISTERED = False
 
 
 def register() -> None:
-    """Called by vLLM in every process; does nothing unless a head is configured."""
+    """Called by vLLM in every process; does nothing unless ``additional_config["swift_fast"]`` is set."""
     global _REGISTERED
     if _REGISTERED:
         return
@@ -122,7 +122,8 @@ def _configured(vllm_config):
 
 # -- front end: start-up checks ---------------------------------------------------------------
 def prepare_config(vllm_config) -> None:
-    """Validate the configured head against the model and pin its digest into the config."""
+    """Validate the configuration (and a configured head against the model, pinning its digest
+    into the config)."""
     from ..support.files import sha256_of
     from .config import KEY, check_engine, plugin_config
 
@@ -135,17 +136,19 @@ def prepare_config(vllm_config) -> None:
     head = cfg.load_head()
     check_engine(vllm_config, head)
     warn_untested_vllm()
-    warn_costly_last_state(vllm_config, head)
     section = vllm_config.additional_config[KEY]
     if isinstance(section, str):
         section = {"head": section}
-    section = dict(section)
-    section["head"] = cfg.head_path
-    section["_head_sha256"] = sha256_of(cfg.head_path)
+    section = {} if section is True else dict(section)
+    if head is not None:
+        warn_costly_last_state(vllm_config, head)
+        section["head"] = cfg.head_path
+        section["_head_sha256"] = sha256_of(cfg.head_path)
     vllm_config.additional_config[KEY] = section
-    logger.info("swift-fast %s: head %s (%s) on %s, vLLM %s's %s model runner; SAR %s, pruning %s; "
-                "%d vLLM symbols of the front end and engine core checked", _version(), cfg.head_path,
-                head.extra_repr(), vllm_config.model_config.model, installed_version(),
+    logger.info("swift-fast %s: %s on %s, vLLM %s's %s model runner; SAR %s, pruning %s; "
+                "%d vLLM symbols of the front end and engine core checked", _version(),
+                f"head {cfg.head_path} ({head.extra_repr()})" if head is not None else "no head (head-free values)",
+                vllm_config.model_config.model, installed_version(),
                 "V2" if vllm_config.use_v2_model_runner else "V1", "on" if cfg.sar else "off",
                 "on by default" if cfg.prune is not None else "per request", len(select()))
 

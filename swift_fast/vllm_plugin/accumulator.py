@@ -7,7 +7,16 @@ request's one new token (:meth:`Accumulator.add`) and the value of a last-state 
 ``CompletionOutput`` vLLM builds for the request then gets its fields from here
 (:meth:`Accumulator.attach`, called from the output hooks, :mod:`.output_hooks`):
 ``swift_score``, ``swift_tokens`` (tokens scored), ``swift_pruned``, ``swift_weight_versions``,
-a requested ``swift_trace`` on the final output, and with SAR ``sar`` and ``sar_context``.
+the head-free values (below), a requested ``swift_trace`` on the final output, and with SAR
+``sar`` and ``sar_context``.
+
+Head-free values, with or without a head: ``mean_logprob`` (the mean log-prob of the generated
+tokens under the model's own distribution) and DeepConf's ``confidence_lowest_group``,
+``confidence_tail`` and ``confidence_bottom10`` over the engine's ``confidence_window``
+(:func:`swift_fast.rewards.confidence.summary`). They are computed on a final output (and a
+pruned or aborted one) from the token confidences kept here, 8 bytes a token; a streamed
+output's earlier chunks carry None, so a long stream costs O(tokens), not O(tokens^2). Without
+a head ``swift_score`` is None and ``swift_tokens`` 0.
 
 A missing value is None, never a number: ``swift_score`` is None for a request that opted out
 and whenever ``swift_tokens`` differs from the number of tokens in the output (a path that was
@@ -24,7 +33,11 @@ first seen first (:mod:`.frontend` says where the labels come from and what two 
 
 from __future__ import annotations
 
+from array import array
+
 from ..definitions import GATE_EPS
+from ..rewards.confidence import summary
+from ..selection.by_value import HEAD_FREE
 from .pruning import FINISH_REASON
 from .transport import Values
 
@@ -37,7 +50,7 @@ class Accumulator:
 
     __slots__ = ("scored", "sar_wanted", "last_wanted", "frontend", "context", "wsum", "gsum", "n", "sampled", "lp",
                  "lpn", "sar", "held", "pending", "released", "last_done", "last_missing", "request", "group",
-                 "index", "at", "conf", "pruned", "trace", "versions")
+                 "index", "at", "conf", "pruned", "trace", "versions", "confs", "answer")
 
     def __init__(self, scored: bool, sar_wanted: bool, frontend, context: dict | None = None,
                  last_wanted: bool = False):
@@ -65,6 +78,8 @@ class Accumulator:
         self.pruned = False
         self.trace: tuple[list, list, list, list] | None = None  # per-token values, when the request asked
         self.versions: list[str] = []  # weight versions of the steps that brought values, first seen first
+        self.confs = array("d")  # each generated token's confidence (the head-free values)
+        self.answer = None  # the final answer extracted from a finished output (an engine with "answer")
 
     def note_version(self, version) -> None:
         if version is not None and version not in self.versions:
@@ -78,12 +93,12 @@ class Accumulator:
         self.lp += v.logp
         self.lpn += int(v.logp_tokens)
         self.sampled += 1
+        self.confs.append(v.conf)
         if self.conf is not None:
             self.conf.push(v.conf)
         if self.trace is not None:
             self.trace[2].append(v.conf)
-            if self.sar_wanted:
-                self.trace[3].append(v.logp)
+            self.trace[3].append(v.logp)
         if self.group is not None:
             self.group.record(self, swift=bool(v.tokens))
 
@@ -104,7 +119,7 @@ class Accumulator:
         """The candidate's SWIFT score when every one of its ``num_tokens`` tokens was scored, else
         None; ``partial`` (a streamed, pruned or aborted output) also accepts, for an ``emitted`` head
         before its last-state pass, every token but the last."""
-        if not self.scored:
+        if not self.scored or not self.frontend.has_head:
             return None
         lag = 1 if partial and self.last_wanted and not self.last_done and num_tokens else 0
         if partial and not self.n:
@@ -125,16 +140,26 @@ class Accumulator:
         partial = not final or self.pruned or out.finish_reason == "abort"
         out.swift_score = self.score(num_tokens, partial)
         out.swift_tokens = self.n if self.scored else 0
+        self._head_free(out, num_tokens, done=final or self.pruned)
         out.swift_pruned = self.pruned
         out.swift_weight_versions = list(self.versions) or None
         if self.trace is not None and final:  # on the final output only
             out.swift_trace = {"gate_reward": list(self.trace[0]), "gate": list(self.trace[1]),
-                               "confidence": list(self.trace[2])}
-            if self.sar_wanted:
-                out.swift_trace["logprob"] = list(self.trace[3])
+                               "confidence": list(self.trace[2]), "logprob": list(self.trace[3])}
         if self.pruned and final:
             out.finish_reason, out.stop_reason = FINISH_REASON, None
         if self.frontend.cfg.sar:
             out.sar = self.sar
             ran = self.sar_wanted and self.context and not self.pruned  # a pruned candidate gets no pass
             out.sar_context = self.context["source"] if ran else None
+
+    def _head_free(self, out, num_tokens: int, done: bool) -> None:
+        """``mean_logprob`` and the three confidences on a final output whose every token brought its
+        values (else None: a path that was never scored, as ``swift_score``)."""
+        values = None
+        if self.scored and done and self.sampled == num_tokens and num_tokens:
+            values = summary(self.confs, self.frontend.cfg.confidence_window)
+            values["mean_logprob"] = self.lp / self.lpn if self.lpn == num_tokens else None
+        for name in HEAD_FREE:
+            setattr(out, name, None if values is None else values[name])
+        out.answer = self.answer

@@ -2,20 +2,34 @@
 
 Keys:
 
-``head`` (required)
+``head`` (default ``null``: no head)
     path of a ``swift_fast.head/1`` file (or of a folder holding ``head.safetensors``), or a
     Hugging Face Hub repository id ``org/name[@revision][:file]`` (file default
     ``head.safetensors``), fetched into the Hugging Face cache when the configuration is read
     (``HF_HUB_OFFLINE=1``: the cache only; ``swift_fast.hf.hub``). A path that exists wins.
+    Without a head the plugin computes the head-free values only: every candidate's
+    ``mean_logprob`` and DeepConf confidences (:mod:`swift_fast.rewards.confidence`), ``sar`` when
+    asked, and ``swift_score`` None; nothing is hooked into the model. With a head, every
+    candidate has those values too.
 ``sar`` (default ``false``)
     also compute the self-aligned reward of every finished candidate.
-``sar_context`` (default ``null``: the tokenizer's BOS token)
-    the question-removed context ``q0`` of a raw prompt (``LLM.generate``, ``/v1/completions``)
-    that brings none of its own: token ids, or text taken exactly as written (no special tokens
-    added). Chat requests never use it (:mod:`swift_fast.rewards.sar_context`).
-``select`` (default ``"swift"``)
-    what server-side Best-of-N (``"best_of_n": N`` in a request body) ranks by: ``"swift"``,
-    ``"sar"``, ``"rank"`` or ``"scaled"`` (the two combinations of SWIFT and SAR).
+``confidence_window`` (default 2048, DeepConf's)
+    tokens per group of DeepConf's group confidences (``confidence_lowest_group``,
+    ``confidence_tail``, ``confidence_bottom10``; :mod:`swift_fast.rewards.confidence`). An answer
+    shorter than the window is one group: all three are then its mean token confidence.
+``answer`` (default ``null``)
+    the kind of final answer the front end extracts from each finished candidate, for the votes
+    ``select`` may ask for and DeepConf's consensus stop: ``"math"``, ``"choice"``, ``"boolean"``
+    or ``"literal"`` (:mod:`swift_fast.grading.answers`; ``CompletionOutput.answer``).
+``select`` (default ``"swift"`` with a head, else ``"confidence_lowest_group"``)
+    what server-side Best-of-N (``"best_of_n": N`` in a request body; a request may name its own
+    ``"select"``) chooses by: a value (``"swift"``, ``"sar"``, ``"mean_logprob"``,
+    ``"confidence_lowest_group"``, ``"confidence_tail"``, ``"confidence_bottom10"``), a
+    combination of SWIFT and SAR (``"rank"``, ``"scaled"``), or a vote over the candidates'
+    answers (``"vote"``: majority; ``"vote:<value>"``: weighted by that value, DeepConf's
+    ``"vote:confidence_tail"`` for instance), which needs ``answer``. A choice that needs a head
+    (``swift``, ``rank``, ``scaled``) is refused without one, and one that needs SAR without ``sar``
+    (:mod:`swift_fast.selection.by_value`).
 ``max_best_of_n`` (default 64)
     the largest ``best_of_n`` a server request may ask for. Each candidate is a sequence in the
     engine (and, with SAR, one question-removed pass more), so an unbounded N lets one request
@@ -23,7 +37,8 @@ Keys:
 ``prune`` (default ``null``: no pruning)
     the engine's default pruning of a request's candidates while they are generated (scored
     requests with ``n > 1``): ``true`` for the defaults, or an object of
-    :class:`swift_fast.selection.pruning.PruneConfig` settings (:mod:`.pruning`).
+    :class:`swift_fast.selection.pruning.PruneConfig` settings (:mod:`.pruning`). ``{"signal":
+    "deepconf", ...}`` is DeepConf's online early stopping (:mod:`swift_fast.selection.deepconf`).
 
 Per request (``SamplingParams.extra_args``; ``vllm_xargs`` in an OpenAI request cannot carry a
 dict, so the server also takes the flat keys in brackets):
@@ -47,14 +62,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..definitions import KINDS
 from ..hf.hub import resolve_head_lenient
+from ..rewards.confidence import DEFAULT_WINDOW
 from ..rewards.head import HeadError, SwiftHead
+from ..selection.by_value import DEFAULT_HEAD_FREE, Available, SelectorError, check_prune, check_selector
 from ..selection.pruning import PruneConfig, PruneConfigError
 
 #: key of the plugin's section in ``VllmConfig.additional_config`` and in ``SamplingParams.extra_args``
 KEY = "swift_fast"
-SELECT = ("swift", "sar", "rank", "scaled")
-_KEYS = ("head", "sar", "sar_context", "select", "max_best_of_n", "prune")
+_KEYS = ("head", "sar", "sar_context", "select", "max_best_of_n", "prune", "confidence_window", "answer")
 DEFAULT_MAX_BEST_OF_N = 64
 #: keys the plugin itself writes into the section at start-up
 _INTERNAL = ("_head_sha256",)
@@ -66,22 +83,30 @@ class PluginConfigError(ValueError):
 
 @dataclass(frozen=True)
 class PluginConfig:
-    head_path: str
+    head_path: str | None = None  # None: no head, head-free values only
     sar: bool = False
     sar_context: str | tuple[int, ...] | None = None
     select: str = "swift"
     max_best_of_n: int = DEFAULT_MAX_BEST_OF_N
     prune: PruneConfig | None = None
+    confidence_window: int = DEFAULT_WINDOW
+    answer: str | None = None
+
+    @property
+    def has_head(self) -> bool:
+        return self.head_path is not None
 
     @classmethod
     def parse(cls, section: Any) -> "PluginConfig":
         if isinstance(section, str):
             # `--additional-config '{"swift_fast": "head.safetensors"}'` is a natural shorthand
             section = {"head": section}
+        if section is True:
+            section = {}  # `{"swift_fast": true}`: on, with every default
         if not isinstance(section, Mapping):
             raise PluginConfigError(
-                f'additional_config["{KEY}"] must be an object such as {{"head": "head.safetensors"}}, '
-                f"got {type(section).__name__}"
+                f'additional_config["{KEY}"] must be an object such as {{}} (head-free values) or '
+                f'{{"head": "head.safetensors"}}, got {type(section).__name__}'
             )
         if "sar_system_prompt" in section:
             raise PluginConfigError(
@@ -96,10 +121,10 @@ class PluginConfig:
                 f'additional_config["{KEY}"] has unknown key(s) {unknown}; known keys: {list(_KEYS)}'
             )
         head = section.get("head")
-        if not isinstance(head, str) or not head:
+        if head is not None and (not isinstance(head, str) or not head):
             raise PluginConfigError(
                 f'additional_config["{KEY}"]["head"] must be the path of a SWIFT head file or a Hugging Face Hub '
-                f"repository id (org/name[@revision][:file]), got {head!r}"
+                f"repository id (org/name[@revision][:file]), or null for the head-free values only; got {head!r}"
             )
         sar = section.get("sar", False)
         if not isinstance(sar, bool):
@@ -116,25 +141,38 @@ class PluginConfig:
             raise PluginConfigError(
                 f'additional_config["{KEY}"]["max_best_of_n"] must be a positive integer, got {max_bon!r}'
             )
-        select = section.get("select", "swift")
-        if select not in SELECT:
-            raise PluginConfigError(f'additional_config["{KEY}"]["select"] must be one of {SELECT}, got {select!r}')
-        if select != "swift" and not sar:
+        window = section.get("confidence_window", DEFAULT_WINDOW)
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise PluginConfigError(
-                f'additional_config["{KEY}"]["select"] = {select!r} ranks by SAR: set "sar": true as well'
+                f'additional_config["{KEY}"]["confidence_window"] must be a positive number of tokens, got {window!r}'
             )
+        answer = section.get("answer")
+        if answer is not None and answer not in KINDS:
+            raise PluginConfigError(
+                f'additional_config["{KEY}"]["answer"] must be one of {list(KINDS)} or null, got {answer!r}'
+            )
+        have = Available(head=head is not None, sar=sar, answers=answer is not None)
+        select = section.get("select", "swift" if head is not None else DEFAULT_HEAD_FREE)
         try:
+            check_selector(select, have, where=f'additional_config["{KEY}"]["select"]')
             prune = PruneConfig.parse(section.get("prune"), where=f'additional_config["{KEY}"]["prune"]')
-        except PruneConfigError as e:
+            if prune is not None:
+                check_prune(prune, have, where=f'additional_config["{KEY}"]["prune"]')
+        except (SelectorError, PruneConfigError) as e:
             raise PluginConfigError(str(e)) from None
         # the front end writes the resolved path back into the section (prepare_config): the
         # engine's other processes read that file, never the Hub
-        head_path = resolve_head_lenient(head)
+        head_path = resolve_head_lenient(head) if head is not None else None
         return cls(head_path=head_path, sar=sar, sar_context=context, select=select, max_best_of_n=max_bon,
-                   prune=prune)
+                   prune=prune, confidence_window=window, answer=answer)
 
-    def load_head(self) -> SwiftHead:
-        return SwiftHead.load(self.head_path)
+    @property
+    def available(self) -> "Available":
+        """What this engine computes, for the checks of a selector or pruning signal."""
+        return Available(head=self.has_head, sar=self.sar, answers=self.answer is not None)
+
+    def load_head(self) -> SwiftHead | None:
+        return SwiftHead.load(self.head_path) if self.head_path is not None else None
 
 
 # -- request kinds ------------------------------------------------------------------------------
@@ -193,7 +231,7 @@ def section_of(vllm_config: Any) -> Any:
 def plugin_config(vllm_config: Any) -> PluginConfig | None:
     """The parsed configuration, or None when the plugin is not configured for this engine."""
     section = section_of(vllm_config)
-    if section is None:
+    if section is None or section is False:
         return None
     cached = getattr(vllm_config, "_swift_fast_config", None)
     if cached is not None:
@@ -224,16 +262,18 @@ def check_same_head(vllm_config: Any, head_path: str) -> None:
         )
 
 
-def check_engine(vllm_config: Any, head: SwiftHead) -> None:
-    """Refuse, at start-up, what the plugin cannot score exactly. Raises ``HeadError``."""
+def check_engine(vllm_config: Any, head: SwiftHead | None) -> None:
+    """Refuse, at start-up, what the plugin cannot score exactly (``head`` None: the head-free
+    values only). Raises ``HeadError``."""
     model_config = vllm_config.model_config
     name = getattr(model_config, "model", None)
-    head.check_model(model_config.hf_config, name=name)
+    if head is not None:
+        head.check_model(model_config.hf_config, name=name)
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is not None:
         raise HeadError(
-            "swift-fast scores one token per request per step; speculative decoding is not supported with a "
-            "SWIFT head: remove --speculative-config"
+            "swift-fast scores one token per request per step; speculative decoding is not supported with the "
+            "swift_fast plugin: remove --speculative-config"
         )
     parallel = vllm_config.parallel_config
     if getattr(parallel, "use_ubatching", False):
@@ -241,15 +281,17 @@ def check_engine(vllm_config: Any, head: SwiftHead) -> None:
             "swift-fast does not support dual-batch overlap / micro-batching (--enable-dbo, --ubatch-size): "
             "each micro-batch runs the model on its own slice of the tokens, and the head's per-token "
             "accumulator is indexed from 0 in every slice, so both would add into the same rows. Remove "
-            "--enable-dbo / --ubatch-size to serve with a SWIFT head"
+            "--enable-dbo / --ubatch-size to serve with the swift_fast plugin"
         )
     if getattr(parallel, "enable_batch_sharded_sampling", False):
         raise HeadError(
             "swift-fast does not support batch-sharded sampling (--enable-batch-sharded-sampling, Model Runner V2): "
             "each tensor-parallel rank then computes the logits of its own requests only, and SAR, DeepConf "
             "confidence, trace and logit-feature heads read the logits of every request. Remove the flag to serve "
-            "with a SWIFT head"
+            "with the swift_fast plugin"
         )
+    if head is None:
+        return  # the rest concern the head's per-token sums over the forward's states
     pcp = getattr(parallel, "prefill_context_parallel_size", 1)
     if pcp and pcp > 1:
         raise HeadError(

@@ -34,7 +34,7 @@ def plugin_state(worker, trace: bool = False) -> dict:
         "runner": scoring.adapter.__class__.__name__ if scoring is not None else None,
         "requests": len(reqs),
         "sar_passes": passes,
-        "states": list(scoring.forward.states) if scoring is not None else [],
+        "states": list(scoring.forward.states) if scoring is not None and scoring.forward is not None else [],
         "pipeline_received": scoring.pipeline.received if scoring is not None and scoring.pipeline else 0,
         "buffer_bytes": buffers,
         "rss_bytes": process.memory_info().rss,

@@ -64,7 +64,9 @@ class FrontEnd(PassRunner):
         self.engine_core = engine.engine_core
         self.input_processor = engine.input_processor
         self.max_model_len = engine.vllm_config.model_config.max_model_len
-        self.last_wanted = ALIGNMENT[cfg.load_head().alignment].extra_forward
+        head = cfg.load_head()
+        self.has_head = head is not None
+        self.last_wanted = head is not None and ALIGNMENT[head.alignment].extra_forward
         self.contexts = None
         if cfg.sar:
             from .contexts import Contexts

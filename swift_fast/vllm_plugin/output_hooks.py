@@ -3,8 +3,8 @@ candidate's output is held back and where every ``CompletionOutput`` gets its sc
 
 vLLM builds a request's outputs in ``RequestState`` (one per request, in the front end's
 ``OutputProcessor``). Wrapped on the class, for the requests that carry an accumulator
-(:mod:`.accumulator`; a request of an engine without a head has none and passes straight
-through):
+(:mod:`.accumulator`; a request of an engine without the plugin has none and passes
+straight through):
 
 - ``make_request_output``: a scored candidate's final output, when SAR is on or the head is
   ``emitted``, is not built but handed to its front end (``FrontEnd.hold``, :mod:`.passes`) with
@@ -29,7 +29,8 @@ import functools
 IN_BEAM_SEARCH = contextvars.ContextVar("swift_fast_in_beam_search", default=False)
 #: what ``Accumulator.attach`` gives a ``CompletionOutput``: copied when streamed deltas merge
 _FIELDS = ("swift_score", "swift_tokens", "swift_pruned", "swift_trace", "sar", "sar_context",
-           "swift_weight_versions")
+           "swift_weight_versions", "mean_logprob", "confidence_lowest_group", "confidence_tail",
+           "confidence_bottom10", "answer")
 
 _PATCHED = False
 

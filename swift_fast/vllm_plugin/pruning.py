@@ -123,11 +123,6 @@ def config_of(params) -> PruneConfig | None:
     return PruneConfig(**d) if isinstance(d, dict) else None
 
 
-def wants_confidence(params) -> bool:
-    d = (getattr(params, "extra_args", None) or {}).get(RESOLVED)
-    return isinstance(d, dict) and d.get("signal") in ("confidence", "combined")
-
-
 class Group:
     """The candidates of one parent request. ``members[index]`` is a weak reference to the
     candidate's vLLM ``RequestState`` (whose accumulator refers to this group: a strong reference
@@ -260,5 +255,4 @@ def signal_at(acc, cfg: PruneConfig, t: int):
     return at.get(cfg.signal, math.nan)
 
 
-__all__ = ["FINISH_REASON", "FLAT", "RESOLVED", "Group", "Pruner", "config_of", "requested", "resolve",
-           "wants_confidence"]
+__all__ = ["FINISH_REASON", "FLAT", "RESOLVED", "Group", "Pruner", "config_of", "requested", "resolve"]

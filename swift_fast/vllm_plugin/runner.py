@@ -68,8 +68,7 @@ from ..kernels.streaming import finish_, project_layer_
 from ..rewards.confidence import token_confidence
 from ..rewards.head import ALIGNMENT, SwiftHead
 from . import model_hooks, pipeline
-from .config import LAST_STATE, SAR_PASS, SCORE, SKIP, PluginConfig, request_kind, trace_requested
-from .pruning import wants_confidence
+from .config import LAST_STATE, SAR_PASS, SCORE, SKIP, PluginConfig, request_kind
 from .sar_worker import SarWorker
 from .staging import Staging
 from .transport import COL, NCOLS, StepScores
@@ -90,7 +89,6 @@ class RequestInfo:
 
     kind: int  # SCORE, SKIP, SAR_PASS or LAST_STATE (:func:`.config.request_kind`)
     q0_len: int  # a SAR pass: tokens of the question-removed prompt before the answer
-    confidence: bool  # its pruning signal or trace needs each token's confidence
     prompt_len: int
     prompt_token_ids: Sequence[int] | None
     sar_pass: Any = None  # a SAR pass's running sums (:class:`.sar_worker.PassState`)
@@ -100,8 +98,7 @@ def request_info(new_req) -> RequestInfo:
     """The record of one ``NewRequestData`` (``sampling_params`` None: a pooling request, unscored)."""
     p = new_req.sampling_params
     kind, q0_len = request_kind(p)
-    conf = p is not None and (wants_confidence(p) or trace_requested(p))
-    return RequestInfo(kind, q0_len, conf, int(new_req.prompt_len), new_req.prompt_token_ids)
+    return RequestInfo(kind, q0_len, int(new_req.prompt_len), new_req.prompt_token_ids)
 
 
 @dataclass
@@ -115,30 +112,36 @@ class _Step:
 class StepScoring:
     """The scoring core of one model runner, installed after its model is loaded (by an adapter)."""
 
-    def __init__(self, runner, cfg: PluginConfig, head: SwiftHead):
+    def __init__(self, runner, cfg: PluginConfig, head: SwiftHead | None):
         self.runner = runner
         self.cfg = cfg
-        self.head = head
-        #: a response token at position q is scored by the state at q + offset (-1 or 0)
-        self.state_offset = ALIGNMENT[head.alignment].state_offset
+        self.head = head  # None: the head-free values only, nothing hooked into the model
         self.device = runner.device
         self.max_reqs = int(runner.max_num_reqs)
         max_tokens = int(runner.max_num_tokens)
-        arch = (getattr(runner.model_config.hf_config, "architectures", None) or [""])[0]
-        self.forward = model_hooks.install(runner.model, head, max_tokens, self.device, arch)
-        self.acc = self.forward.acc
-        self.bias = self.forward.bias
-        self.state = torch.zeros(self.max_reqs, 3, dtype=torch.float32, device=self.device)
-        # logits (a logit-feature head's input, SAR's log-probs) exist in the last pipeline stage only
-        last = pipeline.is_last_stage(runner.vllm_config)
+        # logits (a logit-feature head's input, the log-probs, the confidences) exist in the last
+        # pipeline stage only
+        self.last = pipeline.is_last_stage(runner.vllm_config)
+        self.forward = self.acc = self.slots = None
         self.logit_weight = None
-        if head.feature == "logits" and last:
-            self.logit_weight = head.weight.detach().to(self.device, torch.float32).contiguous()
-            # the logits rows of a step (one per request) go through the same accumulator
-            if self.acc.shape[0] < self.max_reqs:
-                self.acc = torch.zeros(self.max_reqs, 2, dtype=torch.float32, device=self.device)
-        self.slots = Staging(self.acc.shape[0], torch.int32, self.device)
-        self.sar = SarWorker(runner, max_tokens, self.max_reqs) if cfg.sar and last else None
+        if head is not None:
+            #: a response token at position q is scored by the state at q + offset (-1 or 0)
+            self.state_offset = ALIGNMENT[head.alignment].state_offset
+            arch = (getattr(runner.model_config.hf_config, "architectures", None) or [""])[0]
+            self.forward = model_hooks.install(runner.model, head, max_tokens, self.device, arch)
+            self.acc = self.forward.acc
+            self.bias = self.forward.bias
+            self.state = torch.zeros(self.max_reqs, 3, dtype=torch.float32, device=self.device)
+            if head.feature == "logits" and self.last:
+                self.logit_weight = head.weight.detach().to(self.device, torch.float32).contiguous()
+                # the logits rows of a step (one per request) go through the same accumulator
+                if self.acc.shape[0] < self.max_reqs:
+                    self.acc = torch.zeros(self.max_reqs, 2, dtype=torch.float32, device=self.device)
+            self.slots = Staging(self.acc.shape[0], torch.int32, self.device)
+        else:
+            self.state_offset = ALIGNMENT["predicting"].state_offset
+        # every scored token's log-prob and confidence (the head-free values), and SAR's passes
+        self.logprobs = SarWorker(runner, max_tokens, self.max_reqs) if self.last else None
         self.conf_rows = Staging(self.max_reqs, torch.int64, self.device)
         self.requests: dict[str, RequestInfo] = {}
         self.pipeline = None  # set by the adapter when the engine is pipelined
@@ -148,7 +151,8 @@ class StepScoring:
     def begin(self, scheduler_output) -> None:
         """Start a step: zero the accumulator (dummy, profiling and warm-up forwards between steps
         leave projections behind) and bring the request records up to date."""
-        self.acc.zero_()
+        if self.acc is not None:
+            self.acc.zero_()
         for rid in scheduler_output.finished_req_ids:
             self.requests.pop(rid, None)
         for new in scheduler_output.scheduled_new_reqs:
@@ -179,18 +183,15 @@ class StepScoring:
         qsl = batch.query_start_loc
         values = torch.zeros(n, NCOLS, dtype=torch.float32, device=self.device)
         step = _Step(req_ids=list(batch.req_ids), values=values, report=score_rows + last_rows)
-        swift_rows = self._credited(score_rows, batch, infos) + last_rows
+        swift_rows = self._credited(score_rows, batch, infos) + last_rows if self.head is not None else []
         if swift_rows:
             self._swift(hidden_states, logits, qsl, swift_rows, values)
-        if score_rows:
-            if self.sar is not None:
-                step.sar = self.sar.keep_rows(logits, score_rows)
-            conf_rows = [i for i in score_rows if infos[i].confidence]
-            if conf_rows:
-                # before the sampler, which may edit float32 logits in place
-                self._confidence(logits, conf_rows, values)
+        if score_rows and self.logprobs is not None:
+            # both before the sampler, which may edit float32 logits in place
+            step.sar = self.logprobs.keep_rows(logits, score_rows)
+            self._confidence(logits, score_rows, values, step.sar)
         if pass_rows:
-            self.sar.passes(hidden_states, values, [
+            self.logprobs.passes(hidden_states, values, [
                 (i, infos[i], int(qsl[i]), int(qsl[i + 1]), int(batch.computed[i])) for i in pass_rows
             ])
             # a pass reports once its prefill is complete (its last chunk is kept)
@@ -200,7 +201,7 @@ class StepScoring:
     def after_sampling(self, step: _Step | None, sampled: torch.Tensor | None) -> None:
         """``sampled``: ``[n, >= 1]`` token ids the sampler drew, row i for ``step.req_ids[i]``."""
         if step is not None and step.sar is not None and sampled is not None:
-            self.sar.sampled_logprobs(step.values, step.sar, sampled)
+            self.logprobs.sampled_logprobs(step.values, step.sar, sampled)
 
     def attach(self, step: _Step | None, model_runner_output) -> None:
         """Put the step's values on the ``ModelRunnerOutput`` the scheduler will read."""
@@ -219,14 +220,18 @@ class StepScoring:
         return [i for i in rows
                 if computed[i] + (qsl[i + 1] - qsl[i]) - 1 >= infos[i].prompt_len + self.state_offset]
 
-    def _confidence(self, logits: torch.Tensor, rows: list[int], values: torch.Tensor) -> None:
-        """DeepConf's token confidence of each row's raw distribution (the logits before the sampler's
-        temperature, penalties, bias and masks, as SAR's log-probs: ``docs/definitions.md``): a
-        top-k and a logsumexp over the row, for the requests pruned by that signal or traced."""
-        host = self.conf_rows.host()
-        host[: len(rows)] = rows
-        idx = self.conf_rows.upload(len(rows))
-        values[idx, COL.conf] = token_confidence(logits.index_select(0, idx))
+    def _confidence(self, logits: torch.Tensor, rows: list[int], values: torch.Tensor, kept) -> None:
+        """DeepConf's token confidence of each scored row's raw distribution (the logits before the
+        sampler's temperature, penalties, bias and masks, as the log-probs: ``docs/definitions.md``):
+        a top-k over the row, and its logsumexp (the one the log-probs computed, where they did).
+        ``kept``: the rows' :class:`.sar_worker.SampledRows`."""
+        if kept.copy is not None:  # float32 logits: the rows' copy, taken before the sampler
+            values[kept.rows, COL.conf] = token_confidence(kept.copy)
+        elif len(rows) == logits.shape[0]:
+            values[: len(rows), COL.conf] = token_confidence(logits, lse=kept.lse)  # every row: no gather copy
+        else:
+            values[kept.rows, COL.conf] = token_confidence(logits.index_select(0, kept.rows),
+                                                           lse=kept.lse.index_select(0, kept.rows))
 
     def _swift(self, hidden_states, logits, qsl: np.ndarray, rows: list[int], values: torch.Tensor) -> None:
         n = len(qsl) - 1
@@ -248,15 +253,17 @@ class StepScoring:
     def profile(self) -> None:
         """During vLLM's memory profiling (the runner's ``profile_run``): SAR's largest transient
         work, so its peak is measured before the KV cache is sized."""
-        if self.sar is not None:
+        if self.logprobs is not None:
             mc = self.runner.model_config
-            self.sar.profile(torch.empty(self.max_reqs, mc.get_hidden_size(), dtype=mc.dtype, device=self.device))
+            self.logprobs.profile(torch.empty(self.max_reqs, mc.get_hidden_size(), dtype=mc.dtype, device=self.device))
 
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer the plugin allocated in this worker (for memory accounting)."""
-        out = [self.acc, self.state] + self.slots.tensors() + self.conf_rows.tensors()
-        out += [b for m in self.forward.modules for name, b in m.named_buffers(recurse=False)
-                if name.startswith("_swift_fast") and b is not None]
-        if self.sar is not None:
-            out += self.sar.tensors()
+        out = self.conf_rows.tensors()
+        if self.head is not None:
+            out += [self.acc, self.state] + self.slots.tensors()
+            out += [b for m in self.forward.modules for name, b in m.named_buffers(recurse=False)
+                    if name.startswith("_swift_fast") and b is not None]
+        if self.logprobs is not None:
+            out += self.logprobs.tensors()
         return out

@@ -31,7 +31,8 @@ def runner_kind(runner) -> str:
 def install_on_runner(runner, cfg: PluginConfig) -> StepScoring:
     """Load the head, check it against the model and hook the runner through its adapter
     (``core.adapter``)."""
-    check_same_head(runner.vllm_config, cfg.head_path)
+    if cfg.has_head:
+        check_same_head(runner.vllm_config, cfg.head_path)
     head = cfg.load_head()
     check_engine(runner.vllm_config, head)
     core = StepScoring(runner, cfg, head)
@@ -40,9 +41,10 @@ def install_on_runner(runner, cfg: PluginConfig) -> StepScoring:
     _wrap_profile_run(runner, core)
     from .surface import select
 
-    logger.info("swift-fast: %s on %s.%s, head %s (%s)%s; %d vLLM symbols of this runner checked",
-                type(core.adapter).__name__, type(runner).__module__, type(runner).__name__, cfg.head_path,
-                head.extra_repr(), ", SAR" if core.sar is not None else "", len(select(kind)))
+    logger.info("swift-fast: %s on %s.%s, %s%s; %d vLLM symbols of this runner checked",
+                type(core.adapter).__name__, type(runner).__module__, type(runner).__name__,
+                f"head {cfg.head_path} ({head.extra_repr()})" if head is not None else "no head (head-free values)",
+                ", SAR" if cfg.sar else "", len(select(kind)))
     return core
 
 

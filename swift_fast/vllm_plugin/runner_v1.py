@@ -42,7 +42,7 @@ class V1Adapter:
         self._sampled = None
         self._wrap()
         # after the runner's own wrappers: a pipeline stage's sums leave after, and enter inside, them
-        core.pipeline = pipeline.install_v1(runner, core.acc, core.head.feature == "hidden")
+        core.pipeline = pipeline.install_v1(runner, core.acc, core.head is not None and core.head.feature == "hidden")
 
     def _wrap(self) -> None:
         r, core, adapter = self.runner, self.core, self

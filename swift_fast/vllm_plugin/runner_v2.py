@@ -59,7 +59,7 @@ class V2Adapter:
         self._pending = None  # (hidden_states, input_batch) of the sample() call under way
         self._step = None
         self._wrap()
-        core.pipeline = pipeline.install_v2(runner, core.acc, core.head.feature == "hidden")
+        core.pipeline = pipeline.install_v2(runner, core.acc, core.head is not None and core.head.feature == "hidden")
 
     def _wrap(self) -> None:
         r, core, adapter = self.runner, self.core, self
