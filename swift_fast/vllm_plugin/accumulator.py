@@ -50,7 +50,7 @@ class Accumulator:
 
     __slots__ = ("scored", "sar_wanted", "last_wanted", "frontend", "context", "wsum", "gsum", "n", "sampled", "lp",
                  "lpn", "sar", "held", "pending", "released", "last_done", "last_missing", "request", "group",
-                 "index", "at", "conf", "pruned", "trace", "versions", "confs", "answer")
+                 "index", "at", "conf", "pruned", "trace", "versions", "confs", "dc", "dc_swift")
 
     def __init__(self, scored: bool, sar_wanted: bool, frontend, context: dict | None = None,
                  last_wanted: bool = False):
@@ -79,7 +79,8 @@ class Accumulator:
         self.trace: tuple[list, list, list, list] | None = None  # per-token values, when the request asked
         self.versions: list[str] = []  # weight versions of the steps that brought values, first seen first
         self.confs = array("d")  # each generated token's confidence (the head-free values)
-        self.answer = None  # the final answer extracted from a finished output (an engine with "answer")
+        self.dc = None  # deepconf.DeepConfGroup when the candidate's request runs DeepConf online
+        self.dc_swift: list | None = None  # its running SWIFT score after each scored token (signal "swift")
 
     def note_version(self, version) -> None:
         if version is not None and version not in self.versions:
@@ -162,4 +163,4 @@ class Accumulator:
             values["mean_logprob"] = self.lp / self.lpn if self.lpn == num_tokens else None
         for name in HEAD_FREE:
             setattr(out, name, None if values is None else values[name])
-        out.answer = self.answer
+        out.deepconf = self.dc.info(self.index) if self.dc is not None else None

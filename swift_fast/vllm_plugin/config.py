@@ -37,8 +37,13 @@ Keys:
 ``prune`` (default ``null``: no pruning)
     the engine's default pruning of a request's candidates while they are generated (scored
     requests with ``n > 1``): ``true`` for the defaults, or an object of
-    :class:`swift_fast.selection.pruning.PruneConfig` settings (:mod:`.pruning`). ``{"signal":
-    "deepconf", ...}`` is DeepConf's online early stopping (:mod:`swift_fast.selection.deepconf`).
+    :class:`swift_fast.selection.pruning.PruneConfig` settings (:mod:`.pruning`).
+``deepconf`` (default ``null``: off)
+    the engine's default DeepConf online early stopping (scored requests with ``n`` above its
+    warmup): ``true`` for the defaults, or an object of
+    :class:`swift_fast.selection.deepconf.DeepConfConfig` settings (:mod:`.deepconf`). A request
+    is stopped by ``prune`` or by ``deepconf``, not both: the one it names wins over the engine's
+    default of the other.
 
 Per request (``SamplingParams.extra_args``; ``vllm_xargs`` in an OpenAI request cannot carry a
 dict, so the server also takes the flat keys in brackets):
@@ -67,11 +72,12 @@ from ..hf.hub import resolve_head_lenient
 from ..rewards.confidence import DEFAULT_WINDOW
 from ..rewards.head import HeadError, SwiftHead
 from ..selection.by_value import DEFAULT_HEAD_FREE, Available, SelectorError, check_prune, check_selector
+from ..selection.deepconf import DeepConfConfig, DeepConfConfigError
 from ..selection.pruning import PruneConfig, PruneConfigError
 
 #: key of the plugin's section in ``VllmConfig.additional_config`` and in ``SamplingParams.extra_args``
 KEY = "swift_fast"
-_KEYS = ("head", "sar", "sar_context", "select", "max_best_of_n", "prune", "confidence_window", "answer")
+_KEYS = ("head", "sar", "sar_context", "select", "max_best_of_n", "prune", "deepconf", "confidence_window", "answer")
 DEFAULT_MAX_BEST_OF_N = 64
 #: keys the plugin itself writes into the section at start-up
 _INTERNAL = ("_head_sha256",)
@@ -89,6 +95,7 @@ class PluginConfig:
     select: str = "swift"
     max_best_of_n: int = DEFAULT_MAX_BEST_OF_N
     prune: PruneConfig | None = None
+    deepconf: DeepConfConfig | None = None
     confidence_window: int = DEFAULT_WINDOW
     answer: str | None = None
 
@@ -158,13 +165,17 @@ class PluginConfig:
             prune = PruneConfig.parse(section.get("prune"), where=f'additional_config["{KEY}"]["prune"]')
             if prune is not None:
                 check_prune(prune, have, where=f'additional_config["{KEY}"]["prune"]')
-        except (SelectorError, PruneConfigError) as e:
+            deepconf = DeepConfConfig.parse(section.get("deepconf"), where=f'additional_config["{KEY}"]["deepconf"]')
+            if deepconf is not None and deepconf.signal == "swift" and head is None:
+                raise SelectorError(f'additional_config["{KEY}"]["deepconf"]: signal "swift" thresholds the running '
+                                    'SWIFT score, which needs a SWIFT head ("head"); use signal "confidence"')
+        except (SelectorError, PruneConfigError, DeepConfConfigError) as e:
             raise PluginConfigError(str(e)) from None
         # the front end writes the resolved path back into the section (prepare_config): the
         # engine's other processes read that file, never the Hub
         head_path = resolve_head_lenient(head) if head is not None else None
         return cls(head_path=head_path, sar=sar, sar_context=context, select=select, max_best_of_n=max_bon,
-                   prune=prune, confidence_window=window, answer=answer)
+                   prune=prune, deepconf=deepconf, confidence_window=window, answer=answer)
 
     @property
     def available(self) -> "Available":

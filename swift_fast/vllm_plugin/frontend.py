@@ -47,6 +47,7 @@ from . import last_state, transport
 from .accumulator import Accumulator
 from .config import SCORE, PluginConfig, request_kind, trace_requested
 from .contexts import context_of
+from .deepconf import DeepConf
 from .output_hooks import IN_BEAM_SEARCH, install_output_hooks
 from .passes import PassRunner
 from .pruning import Pruner
@@ -74,7 +75,8 @@ class FrontEnd(PassRunner):
             self.contexts = Contexts(engine, cfg)
         self._warned: set[str] = set()
         self._init_passes()
-        self.pruner = Pruner(engine.input_processor, cfg.prune)
+        self.pruner = Pruner(engine.input_processor, cfg.prune, cfg.deepconf, self.has_head)
+        self.deepconf = DeepConf(self)
         self._wrap_resume(engine)
         # data-parallel engine cores in rank order (None with one engine core)
         engines = getattr(self.engine_core, "core_engines", None)
@@ -121,13 +123,14 @@ class FrontEnd(PassRunner):
                 parent = args[1] if len(args) > 1 else kwargs.get("parent_req")
                 index = args[2] if len(args) > 2 else kwargs.get("request_index", 0)
                 Pruner.join(acc, rs, parent, index, request.sampling_params)
+                fe.deepconf.join(acc, rs, parent, index, request.sampling_params)
 
         def process_outputs(self_, engine_core_outputs, *args, **kwargs):
             # vLLM passes the step's weight version by keyword (0.32, 0.33)
             keep = fe._pre(engine_core_outputs, kwargs.get("weight_version"))
             result = orig_process(keep, *args, **kwargs)
             fe._release(result.request_outputs)
-            if fe._touched:
+            if fe._touched or fe.deepconf.touched:
                 # vLLM's signature: process_outputs(outputs, engine_core_timestamp, iteration_stats, ...)
                 stats = kwargs.get("iteration_stats", args[1] if len(args) > 1 else None)
                 fe._prune(result, stats)
@@ -191,6 +194,8 @@ class FrontEnd(PassRunner):
                         acc.note_version(weight_version)
                         if acc.group is not None:
                             self._touched.add(acc.group)
+                        if acc.dc is not None:
+                            self.deepconf.note_values(acc)
             keep.append(eco)
         return keep
 
@@ -209,15 +214,33 @@ class FrontEnd(PassRunner):
         """Stop the candidates the pruning policy drops this step (:mod:`.pruning`): each gets its
         final output now and is aborted in the engine core with the step's ``reqs_to_abort``; the
         engine's statistics count it as a finished (aborted) request, as vLLM's loop would."""
-        from vllm.v1.engine import FinishReason
-
         groups, self._touched = self._touched, set()
         for rs in self.pruner.decide(groups, self._running):
-            out = rs.make_request_output([], None, FinishReason.ABORT, None, None, None)
-            self._emit(rs, out, result.request_outputs)
-            self._orig_finish(rs)
+            self._stop(rs, result, iteration_stats)
+        if self.deepconf.touched:
+            stop, submit = self.deepconf.decide(self._running)
+            for rs, req in submit:
+                if self.op.request_states.get(rs.request_id) is rs:  # not aborted while it waited
+                    self.deepconf.submit(req)
+            for rs in stop:
+                acc = rs._swift_fast
+                acc.pruned = True
+                # a candidate whose wave never started was never sent to the engine core
+                never = acc.dc.deferred.pop(acc.index, None) is not None
+                self._stop(rs, result, iteration_stats, abort=not never)
+
+    def _stop(self, rs, result, iteration_stats, abort: bool = True) -> None:
+        """Finish a stopped candidate now (its final output, as vLLM's loop would emit it) and abort it
+        in the engine core with the step's ``reqs_to_abort``; the engine's statistics count it as a
+        finished (aborted) request."""
+        from vllm.v1.engine import FinishReason
+
+        out = rs.make_request_output([], None, FinishReason.ABORT, None, None, None)
+        self._emit(rs, out, result.request_outputs)
+        self._orig_finish(rs)
+        if abort:
             result.reqs_to_abort.append(rs.request_id)
-            self.op._update_stats_from_finished(rs, FinishReason.ABORT, iteration_stats)
+        self.op._update_stats_from_finished(rs, FinishReason.ABORT, iteration_stats)
 
     # -- warnings ------------------------------------------------------------------------------
     def warn_once(self, key: str, msg: str, *args) -> None:

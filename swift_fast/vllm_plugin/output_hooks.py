@@ -30,7 +30,7 @@ IN_BEAM_SEARCH = contextvars.ContextVar("swift_fast_in_beam_search", default=Fal
 #: what ``Accumulator.attach`` gives a ``CompletionOutput``: copied when streamed deltas merge
 _FIELDS = ("swift_score", "swift_tokens", "swift_pruned", "swift_trace", "sar", "sar_context",
            "swift_weight_versions", "mean_logprob", "confidence_lowest_group", "confidence_tail",
-           "confidence_bottom10", "answer")
+           "confidence_bottom10", "deepconf")
 
 _PATCHED = False
 
@@ -51,6 +51,11 @@ def install_output_hooks() -> None:
 
     def make_request_output(self, new_token_ids, pooling_output, finish_reason, stop_reason, *args, **kwargs):
         acc = getattr(self, "_swift_fast", None)
+        if acc is not None and acc.dc is not None and finish_reason is not None and acc.held is None:
+            # DeepConf online: a candidate that finished by itself reports to its group now, before a
+            # hold for SAR delays its output (an engine error reports it too, with no signal)
+            if finish_reason != FinishReason.ABORT:
+                acc.frontend.deepconf.finished(self, acc, finish_reason)
         if (
             acc is not None
             and (acc.sar_wanted or acc.last_wanted)

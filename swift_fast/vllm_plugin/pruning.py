@@ -45,6 +45,7 @@ from typing import Any
 from ..definitions import GATE_EPS
 from ..rewards.confidence import RunningConfidence
 from ..selection.pruning import FIELDS, PruneConfig, PruneConfigError, threshold, to_prune
+from . import deepconf
 from .config import KEY, SCORE, is_internal_pass, request_kind
 
 logger = logging.getLogger("swift_fast.vllm_plugin")
@@ -159,10 +160,14 @@ class Group:
 
 
 class Pruner:
-    """Installed with the front end (:class:`~.frontend.FrontEnd`) of one engine."""
+    """Installed with the front end (:class:`~.frontend.FrontEnd`) of one engine. Its check of a
+    request's inputs also resolves the request's DeepConf settings (:mod:`.deepconf`): the two
+    ways of stopping candidates exclude each other, so they are resolved together."""
 
-    def __init__(self, input_processor, default: PruneConfig | None):
+    def __init__(self, input_processor, default: PruneConfig | None, deepconf_default=None, has_head: bool = True):
         self.default = default
+        self.deepconf_default = deepconf_default
+        self.has_head = has_head
         self.pruned = 0  # candidates pruned so far (diagnostics)
         self._wrap_input_processor(input_processor)
 
@@ -174,20 +179,36 @@ class Pruner:
         pruner = self
 
         def process_inputs(request_id, prompt, params, *args, **kwargs):
-            cfg = None
+            cfg = dc = None
             if isinstance(params, SamplingParams) and not is_internal_pass(params.extra_args):
-                cfg = resolve(params, pruner.default)  # raises before anything is queued
+                cfg, dc = pruner.resolve_both(params)  # raises before anything is queued
             req = orig(request_id, prompt, params, *args, **kwargs)
             sp = getattr(req, "sampling_params", None)
             if sp is not None and sp is not params:  # vLLM's clone: this request's own
-                own = {k: v for k, v in (sp.extra_args or {}).items() if k != RESOLVED}  # only the plugin sets it
+                # only the plugin sets the resolved keys
+                own = {k: v for k, v in (sp.extra_args or {}).items() if k not in (RESOLVED, deepconf.RESOLVED)}
                 if cfg is not None:
                     own[RESOLVED] = cfg.to_dict()
+                if dc is not None:
+                    own[deepconf.RESOLVED] = dc.to_dict()
                 sp.extra_args = own or None
             return req
 
         ip.process_inputs = process_inputs
         ip.process_inputs_async = make_async(process_inputs, executor=ip.renderer._executor)
+
+    def resolve_both(self, params) -> tuple[PruneConfig | None, Any]:
+        """A request's pruning and DeepConf settings: the one it names wins over the engine's default
+        of the other; naming both is an error."""
+        extra = getattr(params, "extra_args", None)
+        prune_given = requested(extra)[0]
+        dc_given = deepconf.requested(extra)[0]
+        cfg = resolve(params, self.default)
+        pruned = cfg is not None and (prune_given or not dc_given)
+        dc = deepconf.resolve(params, self.deepconf_default, self.has_head, pruned)
+        if dc is not None and not prune_given:
+            cfg = None
+        return cfg, dc
 
     # -- groups ------------------------------------------------------------------------------
     @staticmethod
