@@ -44,7 +44,7 @@ def engine(tmp_path_factory):
             max_model_len=256, max_num_seqs=32, max_num_batched_tokens=512,
             block_size=32, kv_cache_memory_bytes=48 * 32 * KV_BYTES_PER_TOKEN,
             enable_prefix_caching=True, disable_log_stats=False,
-            additional_config={"swift_fast": {"head": hp, "sar": True, "prune": DEFAULT}},
+            additional_config={"swift_fast": {"head": hp, "sar": True, "prune": DEFAULT, "answer": "literal"}},
         )
     yield llm, head, Ref(path)
     shutdown(llm)
@@ -398,3 +398,84 @@ def test_a_request_cannot_smuggle_in_resolved_settings(engine):
     extra = {RESOLVED: PruneConfig(warmup=2, every=0, keep=0.25, min_keep=1).to_dict(), "swift_fast": {"prune": False}}
     (r,) = llm.generate(tokens([p]), sp(n=4, max_tokens=8, ignore_eos=True, extra_args=extra), use_tqdm=False)
     assert all(c.swift_pruned is False and len(c.token_ids) == 8 for c in r.outputs)
+
+
+# -- DeepConf online (swift_fast.vllm_plugin.deepconf) ------------------------------------------------
+def _deepconf_run(llm, p, n, seed, dc, max_tokens=20, **kw):
+    """A full traced run (no stopping) and a DeepConf run of the same seeded draws."""
+    (full,) = llm.generate(tokens([p]), sp(n=n, max_tokens=max_tokens, seed=seed, extra_args={"swift_fast": {
+        "trace": True, "prune": False}}, **kw), use_tqdm=False)
+    (online,) = llm.generate(tokens([p]), sp(n=n, max_tokens=max_tokens, seed=seed, extra_args={"swift_fast": {
+        "trace": True, "deepconf": dc}}, **kw), use_tqdm=False)
+    return sorted(full.outputs, key=lambda c: c.index), sorted(online.outputs, key=lambda c: c.index)
+
+
+@pytest.mark.parametrize("wave", [2, 0])
+def test_deepconf_online_stops_where_its_replay_on_a_full_traced_run_does(engine, wave):
+    """Each decision -- the threshold, which candidates stop and at which token -- is the policy's
+    on the full run's own token confidences; with waves a stopped candidate generated exactly its
+    crossing's tokens, without them at least that many; an explicit deepconf request overrides the
+    engine's default prune."""
+    from swift_fast.selection.deepconf import DeepConfConfig, replay
+
+    llm, head, ref = engine
+    dc = {"warmup": 2, "percentile": 50, "window": 4, "consensus": None, "wave": wave}
+    p = ref.prompt(TEXTS[3])
+    # stop tokens give the candidates different lengths: without waves, the later candidates that
+    # outlive the warmup are the ones it can stop
+    full, online = _deepconf_run(llm, p, 8, 5, dc, stop_token_ids=list(range(100, 130)))
+    assert len({len(c.token_ids) for c in full}) > 2
+    early = [c.index for c in online if c.deepconf["early"]]
+    want = replay([c.swift_trace["confidence"] for c in full], DeepConfConfig(**dc), early=early)
+    assert [c.deepconf["stop"] for c in online] == want.stopped
+    assert [c.deepconf["crossing"] for c in online] == want.crossing
+    assert any(want.stopped), "the draw stops at least one candidate"
+    assert all(c.deepconf["threshold"] == want.threshold for c in online[2:] if c.deepconf["stop"])
+    for a, b in zip(full, online):
+        assert list(b.token_ids) == list(a.token_ids)[: len(b.token_ids)]
+        assert b.swift_pruned == (b.deepconf["stop"] is not None)
+        if b.deepconf["stop"]:
+            assert b.finish_reason == "pruned" and b.sar is None
+            assert len(b.token_ids) == b.deepconf["crossing"] if wave else len(b.token_ids) >= b.deepconf["crossing"]
+        else:
+            assert list(b.token_ids) == list(a.token_ids) and b.sar is not None
+    assert not _scheduler(llm).requests, "stopped candidates left the scheduler"
+
+
+def test_deepconf_consensus_stops_a_group_before_its_later_waves_start(engine):
+    """``answer: "literal"`` (the whole response is the answer, so answers rarely agree) and a low
+    consensus: the vote at a boundary stops the rest of the group; a wave that never started
+    never reached the engine core, its choices come back empty, and the decisions are the
+    replay's on the full run's confidences and answers."""
+    from swift_fast.grading import extract_answer
+    from swift_fast.selection.deepconf import DeepConfConfig, replay
+
+    llm, head, ref = engine
+    dc = {"warmup": 2, "percentile": 0, "window": 4, "consensus": 0.4, "wave": 3}
+    p = ref.prompt(TEXTS[0])
+    # stop tokens end most candidates by themselves: a response cut at max_tokens has no answer
+    full, online = _deepconf_run(llm, p, 8, 3, dc, max_tokens=16, stop_token_ids=list(range(60, 260)))
+    answers = [extract_answer(c.text, "literal", finish_reason=c.finish_reason) for c in full]
+    want = replay([c.swift_trace["confidence"] for c in full], DeepConfConfig(**dc), answers)
+    assert "consensus" in want.stopped and not all(want.started), (answers, want)
+    assert [c.deepconf["stop"] for c in online] == want.stopped
+    for c, started in zip(online, want.started):
+        if not started:
+            assert len(c.token_ids) == 0 and c.finish_reason == "pruned" and c.swift_pruned
+    assert online[-1].deepconf["share"] == pytest.approx(want.share)
+    assert not _scheduler(llm).requests
+
+
+@pytest.mark.parametrize("extra, n, match", [
+    ({"swift_fast": {"deepconf": {"warmup": 4}}}, 4, r"warmup = 4 .* n = 4"),
+    ({"swift_fast": {"deepconf": True, "prune": True}}, 8, r"either by prune or by deepconf"),
+    ({"swift_fast_deepconf_percentile": "high"}, 8, r"percentile must be a number"),
+    ({"swift_fast": {"deepconf": {"consensus": 2}}}, 8, r"consensus"),
+])
+def test_bad_deepconf_settings_are_clear_errors_before_anything_is_queued(engine, extra, n, match):
+    from swift_fast.selection.deepconf import DeepConfConfigError
+
+    llm, _, ref = engine
+    with pytest.raises(DeepConfConfigError, match=match):
+        llm.generate(tokens([ref.prompt("1+1")]), sp(n=n, max_tokens=4, extra_args=extra), use_tqdm=False)
+    assert not llm.llm_engine.output_processor.request_states
