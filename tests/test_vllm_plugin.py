@@ -614,9 +614,9 @@ def test_beam_search_runs_unscored_and_without_sar_passes(llama):
 
 def _run_profiling(worker):
     r = worker.model_runner
-    r._swift_fast.sar.profiled = False
+    r._swift_fast.logprobs.profiled = False
     r.profile_run()
-    return r._swift_fast.sar.profiled
+    return r._swift_fast.logprobs.profiled
 
 
 def test_memory_profiling_runs_the_sar_pass_peak(llama):
@@ -823,7 +823,7 @@ def test_sar_log_probs_are_those_of_the_logits_before_vllms_sampler(dtype):
 
 
 def _sar_copy_buffer(worker):
-    return worker.model_runner._swift_fast.sar.copy is None
+    return worker.model_runner._swift_fast.logprobs.copy is None
 
 
 def test_half_precision_sar_matches_vllms_own_logprobs(models, tmp_path):

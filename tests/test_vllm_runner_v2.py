@@ -260,6 +260,29 @@ def test_a_traced_request_returns_each_tokens_values(llama):
         torch.testing.assert_close(torch.tensor(tr["confidence"], dtype=torch.float64), want, rtol=1e-4, atol=1e-4)
 
 
+def test_deepconf_online_on_the_running_swift_score_replays_exactly(llama):
+    """DeepConf online with a head's running SWIFT score as its signal, in waves, in a separate
+    engine-core process: the decisions are the replay's on the full run's traced scores, and a
+    stopped candidate's output ends at its crossing."""
+    from swift_fast.selection.deepconf import DeepConfConfig, replay
+    from swift_fast.selection.pruning import running_swift
+
+    llm, head, ref = llama
+    dc = {"warmup": 2, "percentile": 50, "window": 3, "consensus": None, "wave": 2, "signal": "swift"}
+    p = ref.prompt("Is 7 prime?")
+    runs = [llm.generate(tokens([p]), sp(n=6, max_tokens=10, seed=9, ignore_eos=True, extra_args={"swift_fast": {
+        "trace": True, **extra}}), use_tqdm=False)[0] for extra in ({}, {"deepconf": dc})]
+    full, online = (sorted(r.outputs, key=lambda c: c.index) for r in runs)
+    want = replay([running_swift(c.swift_trace["gate_reward"], c.swift_trace["gate"]) for c in full],
+                  DeepConfConfig(**dc))
+    assert any(want.stopped)
+    assert [c.deepconf["stop"] for c in online] == want.stopped
+    assert [c.deepconf["crossing"] for c in online] == want.crossing
+    for a, b in zip(full, online):
+        n = b.deepconf["crossing"] or len(a.token_ids)
+        assert list(b.token_ids) == list(a.token_ids)[:n]
+
+
 # -- Llama: two pipeline stages, compiled, an imported apply_norm (emitted) head, SAR ----------------
 @pytest.fixture(scope="module")
 def stages(tmp_path_factory):
