@@ -90,6 +90,9 @@ setup(
         "test": [
             "pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "openai>=1.0", "trl>=1.0", "ruff>=0.6",
             "mkdocs>=1.6,<2", "gguf>=0.10",
+            # the peer the head-free confidences are held to (tests/test_confidence_peer.py); it
+            # declares no dependencies, and the tests load its utils module alone (its __init__ imports vLLM)
+            "deepconf==0.1.0",
         ],
     },
     ext_modules=_EXT_MODULES,

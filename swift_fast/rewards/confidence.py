@@ -79,8 +79,9 @@ def tail(conf: Sequence[float], window: int) -> float:
 
 
 def window_means(conf: Sequence[float], window: int) -> list[float]:
-    """Mean of every window of ``window`` consecutive tokens (float64, by running sums re-summed
-    exactly: ``math.fsum``); one group, the mean of all, when there are at most ``window`` tokens."""
+    """Mean of every window of ``window`` consecutive tokens (float64, as differences of prefix
+    sums: exact to ~1e-12 for confidences, which lie in [0, log V]); one group, the mean of all
+    (``math.fsum``), when there are at most ``window`` tokens."""
     _check_window(window)
     c = [float(x) for x in conf]
     if not c:

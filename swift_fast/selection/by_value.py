@@ -127,13 +127,22 @@ def choose(values: dict[str, Sequence[float | None]], selector: str,
            answers: Sequence[Hashable | None] | None = None, eligible: Sequence[bool] | None = None) -> int:
     """Index of the candidate ``selector`` picks among one group.
 
-    ``values[name]``: one entry per candidate (None or NaN where missing) for the values the
-    selector reads; ``answers``: each candidate's final answer (None: none extracted) for a vote;
+    ``values[field]``: one entry per candidate (None or NaN where missing) for the values the
+    selector reads, keyed by the outputs' field names (:data:`FIELD`: ``swift_score``, ``sar``,
+    ``mean_logprob``, ...); ``answers``: each candidate's final answer (None: none extracted) for a vote;
     ``eligible``: False for a candidate that may not win (stopped during generation) -- used only
     while another candidate is eligible, as :func:`swift_fast.selection.bon.eligible` rules.
     """
     kind, value = parse(selector)
-    n = len(answers) if kind == "vote" and answers is not None else len(next(iter(values.values()), []))
+    reads = [FIELD[v] for v in ((value,) if kind in ("value", "vote") and value else ("swift", "sar"))
+             if kind != "vote" or value]
+    lengths = {len(values[f]) for f in reads if f in values} | ({len(answers)} if answers is not None else set())
+    if len(lengths) > 1:
+        raise ValueError(f"choose: the candidates' values and answers have different lengths {sorted(lengths)}")
+    missing = [f for f in reads if f not in values]
+    if missing:
+        raise SelectorError(f"{selector!r} reads {missing}, and no such values were given")
+    n = lengths.pop() if lengths else 0
     if eligible is not None and any(eligible) and not all(eligible):
         keep = [i for i, ok in enumerate(eligible) if ok]
         sub = {k: [v[i] for i in keep] for k, v in values.items()}
