@@ -1,4 +1,5 @@
-"""vLLM general plugin: SWIFT (and SAR) rewards computed while vLLM generates.
+"""vLLM general plugin: SWIFT (and SAR) rewards computed while vLLM generates, and the values that
+need no head (the mean log-prob and DeepConf's confidences), with DeepConf's online early stopping.
 
 Activation
 ----------
@@ -10,6 +11,11 @@ runner's ``load_model``; the OpenAI serving handlers once an engine with a head 
 wrapper looks for ``additional_config["swift_fast"]`` (see :mod:`.config`) and, when it is
 absent, returns what vLLM built untouched: without the config the plugin changes no object and
 costs nothing per step. ``VLLM_PLUGINS=swift_fast`` restricts vLLM to this plugin.
+
+With or without a head. ``{"swift_fast": {}}`` (no ``head``) runs every step below but the
+forward's: nothing is hooked into the model, and each sampled token brings its log-prob and
+DeepConf confidence only; ``swift_score`` is then None, and the head's start-up checks and
+limits (prefill context parallelism, torchrun pipeline stages) do not apply.
 
 Data path (vLLM 0.32-0.33, whichever model runner vLLM selects)
 ----------------------------------------------------------------
@@ -35,8 +41,8 @@ Data path (vLLM 0.32-0.33, whichever model runner vLLM selects)
    request, the logits before the sampler, the sampled tokens and where the output is;
    :mod:`.runner_adapters` picks the adapter when the runner has loaded its model): rows that
    sample a kept token get a slot, ``finish_`` gates and sums their projection, and the step's
-   per-request values (one token's ``g r``, ``g`` and, with SAR, the sampled token's log-prob
-   under the model's unprocessed distribution, :mod:`.sar_worker`) ride on the
+   per-request values (one token's ``g r``, ``g``, the sampled token's log-prob under the
+   model's unprocessed distribution, :mod:`.sar_worker`, and its DeepConf confidence) ride on the
    ``ModelRunnerOutput``. The worker holds no score state across steps, and the
    step never waits for the device (index uploads through :mod:`.staging`).
 4. Engine core (:mod:`.transport`, which also names the values' fields; :mod:`.scheduling`
@@ -46,19 +52,21 @@ Data path (vLLM 0.32-0.33, whichever model runner vLLM selects)
    object in-process, msgpack over ZMQ in multiprocess mode.
 5. Front end (:mod:`.frontend`, wraps the engine's ``OutputProcessor``): the values are popped
    (users never see the key) and summed per request exactly for the tokens appended to the
-   output (:mod:`.accumulator`); ``CompletionOutput`` gets ``swift_score``, ``swift_tokens`` and
-   ``sar`` (:mod:`.output_hooks`). SAR holds a finished candidate back, runs its question-removed
-   pass through the engine (and, for an ``emitted`` head, its last-state pass, :mod:`.last_state`),
-   then releases it (:mod:`.passes`); each request's question-removed context comes from
-   :mod:`.contexts` (its own chat rendered with the question emptied, an explicit context, or
-   the BOS default).
+   output (:mod:`.accumulator`); ``CompletionOutput`` gets ``swift_score``, ``swift_tokens``,
+   ``sar``, ``mean_logprob`` and DeepConf's three confidences (:mod:`.output_hooks`). SAR holds a
+   finished candidate back, runs its question-removed pass through the engine (and, for an
+   ``emitted`` head, its last-state pass, :mod:`.last_state`), then releases it
+   (:mod:`.passes`); each request's question-removed context comes from :mod:`.contexts` (its
+   own chat rendered with the question emptied, an explicit context, or the BOS default).
 6. Pruning (:mod:`.pruning`, policy in :mod:`swift_fast.selection.pruning`): with a ``prune`` setting
    (engine default or per request), the candidates of a request with ``n > 1`` are ranked by
    their running SWIFT score (or DeepConf's confidence, or both) as they are generated, and the
    weakest are stopped: finished in the front end as a stop string finishes a request, with
    ``swift_pruned = True``, and aborted in the engine core with the step's aborts, which frees
    their KV blocks (before the next step in-process; a step or two later from a separate
-   engine-core process).
+   engine-core process). DeepConf online (:mod:`.deepconf`) stops candidates the same way, against
+   a threshold the request's warmup candidates set, holds later waves back in the front end, and
+   stops a request whose finished candidates agree.
 7. Server (:mod:`.serving`): OpenAI completion and chat responses carry each choice's scores;
    ``"best_of_n": N`` returns the best of N candidates (never a pruned one while another exists);
    the endpoints without scores (``/v1/responses``, the chat batch, Anthropic's ``/v1/messages``)

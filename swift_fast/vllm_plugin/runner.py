@@ -40,9 +40,11 @@ all but the last, whose states come from a last-state pass (:mod:`.last_state`) 
 its one row the same way. ``slots[t] = i`` for the scored state, ``-1`` for every other token
 of the batch; ``finish_`` gates and sums into ``state[i]``, which is read and cleared every step.
 
-For a request pruned by DeepConf's confidence, or traced (:mod:`.pruning`, ``trace``), the
-step also reports the sampled row's token confidence (a top-k and a logsumexp over that row's
-logits, taken before the sampler and its structured-output mask touch them).
+For every scored request the step also reports the sampled token's log-prob and its DeepConf
+token confidence (a top-20 and a logsumexp over the sampling row's logits, taken before the
+sampler and its structured-output mask touch them; the logsumexp is the log-probs' own): the
+head-free values, with or without a head. Without a head (``head`` None) nothing is hooked into
+the forward and those two are the step's only values.
 
 The step never waits for the device: index arrays go up through persistent buffers
 (:mod:`.staging`), values stay on the device until the step's one asynchronous copy to the

@@ -2,9 +2,8 @@
 
 What travels (:class:`Values`, one record per request and step, named once here and read by
 name on both sides): the contribution of the one token the request sampled this step,
-``(g * r, g, 1)``, with SAR ``(log p(token), 1)``, and for a request pruned by DeepConf's
-confidence (signals ``confidence`` and ``combined``) or traced, the token's confidence
-(:mod:`swift_fast.rewards.confidence`); for a SAR question-removed pass, on the
+``(g * r, g, 1)`` (zeros without a head), ``(log p(token), 1)`` and the token's DeepConf
+confidence (:mod:`swift_fast.rewards.confidence`); for a SAR question-removed pass, on the
 step that completes its prefill, the sum and count of the answer's log-probs over all its
 chunks. The runner fills a float32 ``[rows, NCOLS]`` tensor whose column ``COL.<name>`` holds
 field ``<name>``.
@@ -38,7 +37,7 @@ class Values(NamedTuple):
     tokens: float  # tokens scored
     logp: float  # sum of the scored tokens' log-probs (SAR), or of a question-removed pass's answer
     logp_tokens: float  # how many log-probs ``logp`` sums
-    conf: float = 0.0  # the token's DeepConf confidence (pruned by confidence/combined, or traced; else 0)
+    conf: float = 0.0  # the token's DeepConf confidence
 
 
 NCOLS = len(Values._fields)
