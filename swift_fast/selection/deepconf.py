@@ -50,7 +50,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any, Hashable, Sequence
+
+from .settings import parse_settings
 
 SIGNALS = ("confidence", "swift")
 #: settings of a :class:`DeepConfConfig`, in the order ``--help`` and error messages list them
@@ -94,24 +96,8 @@ class DeepConfConfig:
         """A config from ``given``: a mapping of some of :data:`FIELDS` (the rest from ``base``, else the
         defaults), ``True`` (``base`` or the defaults), ``False``/``None`` (off: None). Flat request keys
         arrive as strings ("0.9"); they are read as numbers."""
-        if given is None or given is False:
-            return None
-        start = base or cls()
-        if given is True:
-            return start
-        if not isinstance(given, Mapping):
-            raise DeepConfConfigError(f'{where} must be an object such as {{"warmup": 4, "percentile": 90}}, true or '
-                                      f"false; got {given!r}")
-        unknown = sorted(set(given) - set(FIELDS))
-        if unknown:
-            raise DeepConfConfigError(f"{where} has unknown setting(s) {unknown}; the settings are {list(FIELDS)}")
-        values = start.to_dict()
-        for k, v in given.items():
-            values[k] = _coerce(k, v, where)
-        try:
-            return cls(**values)
-        except DeepConfConfigError as e:
-            raise DeepConfConfigError(f"{where}: {e}") from None
+        return parse_settings(cls, given, where, base, FIELDS, _coerce, DeepConfConfigError,
+                              '{"warmup": 4, "percentile": 90}')
 
 
 def _coerce(key: str, v: Any, where: str) -> Any:

@@ -43,9 +43,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from ..definitions import GATE_EPS
+from .settings import parse_settings
 
 SIGNALS = ("swift", "confidence", "combined")
 #: settings of a :class:`PruneConfig`, in the order ``--help`` and error messages list them
@@ -85,26 +86,8 @@ class PruneConfig:
         """A config from ``given``: a mapping of some of :data:`FIELDS` (the rest from ``base``, else
         the defaults), ``True`` (``base`` or the defaults), or ``False``/``None`` (no pruning: None).
         ``where`` names the setting in error messages (e.g. ``extra_args["swift_fast"]["prune"]``)."""
-        if given is None or given is False:
-            return None
-        start = base or cls()
-        if given is True:
-            return start
-        if not isinstance(given, Mapping):
-            raise PruneConfigError(
-                f"{where} must be an object such as {{\"signal\": \"swift\", \"keep\": 0.5}}, true or false; "
-                f"got {given!r}"
-            )
-        unknown = sorted(set(given) - set(FIELDS))
-        if unknown:
-            raise PruneConfigError(f"{where} has unknown setting(s) {unknown}; the settings are {list(FIELDS)}")
-        values = start.to_dict()
-        for k, v in given.items():
-            values[k] = _coerce(k, v, where)
-        try:
-            return cls(**values)
-        except PruneConfigError as e:
-            raise PruneConfigError(f"{where}: {e}") from None
+        return parse_settings(cls, given, where, base, FIELDS, _coerce, PruneConfigError,
+                              '{"signal": "swift", "keep": 0.5}')
 
 
 def parse_text(text: str | None, where: str = "--prune") -> PruneConfig:

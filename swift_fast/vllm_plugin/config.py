@@ -214,6 +214,48 @@ def request_kind(sampling_params) -> tuple[int, int]:
     return SCORE, 0
 
 
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def flag(v: Any, where: str, error: type[ValueError] = ValueError) -> bool:
+    """A request's on/off value: a bool, 0/1, or a string such as "true"/"off" (flat keys arrive as text)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in _TRUE + _FALSE:
+        return v.strip().lower() in _TRUE
+    raise error(f"{where} must be true or false, got {v!r}")
+
+
+def request_setting(extra: dict | None, name: str, fields, error: type[ValueError],
+                    label: str) -> tuple[bool, Any, str]:
+    """``(given, setting, where)``: whether a request's ``extra_args`` say anything about the
+    plugin's ``name`` setting (``"prune"``, ``"deepconf"``), what (a mapping, True or False), and
+    where it was said (for error messages) -- from ``{"swift_fast": {name: ...}}`` or the flat keys
+    ``swift_fast_<name>`` (on/off) and ``swift_fast_<name>_<setting>`` (``vllm_xargs`` cannot carry
+    an object). ``label`` names the setting in errors ("pruning")."""
+    extra = extra or {}
+    own = extra.get(KEY)
+    if isinstance(own, dict) and name in own:
+        return True, own[name], f'extra_args["{KEY}"]["{name}"]'
+    base = f"{KEY}_{name}"
+    flat = {k[len(base) + 1:]: v for k, v in extra.items() if k.startswith(base + "_")}
+    if base in extra and not flag(extra[base], base, error):
+        if flat:
+            raise error(f"{base} is false but {sorted(base + '_' + k for k in flat)} are set")
+        return True, False, base
+    if flat:
+        unknown = sorted(k for k in flat if k not in fields)
+        if unknown:
+            raise error(f"unknown {label} key(s) {[base + '_' + k for k in unknown]}; the keys are "
+                        f"{[base + '_' + k for k in fields]}")
+        return True, flat, f"{base}_<setting>"
+    if base in extra:
+        return True, True, base
+    return False, None, ""
+
+
 def is_internal_pass(extra: dict | None) -> bool:
     """Whether ``extra_args`` are those of a pass the front end submitted (SAR's or a last-state one)."""
     own = (extra or {}).get(KEY)

@@ -54,7 +54,7 @@ from collections import deque
 from typing import Any
 
 from ..selection.deepconf import CONSENSUS, FIELDS, THRESHOLD, DeepConfConfig, DeepConfConfigError, Group, crossing
-from .config import KEY, SCORE, request_kind
+from .config import SCORE, request_kind, request_setting
 
 logger = logging.getLogger("swift_fast.vllm_plugin")
 
@@ -63,34 +63,9 @@ RESOLVED = "_swift_fast_deepconf"
 #: flat request keys: ``swift_fast_deepconf`` (on/off) and ``swift_fast_deepconf_<setting>``
 FLAT = "swift_fast_deepconf"
 
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
-
-
 def requested(extra: dict | None) -> tuple[bool, Any, str]:
-    """``(given, setting, where)`` of a request's ``extra_args`` (as :func:`.pruning.requested`)."""
-    extra = extra or {}
-    own = extra.get(KEY)
-    if isinstance(own, dict) and "deepconf" in own:
-        return True, own["deepconf"], f'extra_args["{KEY}"]["deepconf"]'
-    flat = {k[len(FLAT) + 1:]: v for k, v in extra.items() if k.startswith(FLAT + "_")}
-    if FLAT in extra:
-        v = extra[FLAT]
-        on = v if isinstance(v, bool) else str(v).strip().lower() in _TRUE
-        if not isinstance(v, bool) and str(v).strip().lower() not in _TRUE + _FALSE:
-            raise DeepConfConfigError(f"{FLAT} must be true or false, got {v!r}")
-        if not on:
-            if flat:
-                raise DeepConfConfigError(f"{FLAT} is false but {sorted(FLAT + '_' + k for k in flat)} are set")
-            return True, False, FLAT
-    if flat:
-        unknown = sorted(k for k in flat if k not in FIELDS)
-        if unknown:
-            raise DeepConfConfigError(f"unknown DeepConf key(s) {[FLAT + '_' + k for k in unknown]}; the keys are "
-                                      f"{[FLAT + '_' + k for k in FIELDS]}")
-        return True, flat, f"{FLAT}_<setting>"
-    if FLAT in extra:
-        return True, True, FLAT
-    return False, None, ""
+    """``(given, setting, where)`` of a request's DeepConf settings (:func:`.config.request_setting`)."""
+    return request_setting(extra, "deepconf", FIELDS, DeepConfConfigError, "DeepConf")
 
 
 def resolve(params, default: DeepConfConfig | None, has_head: bool, pruned: bool) -> DeepConfConfig | None:

@@ -46,7 +46,7 @@ from ..definitions import GATE_EPS
 from ..rewards.confidence import RunningConfidence
 from ..selection.pruning import FIELDS, PruneConfig, PruneConfigError, threshold, to_prune
 from . import deepconf
-from .config import KEY, SCORE, is_internal_pass, request_kind
+from .config import SCORE, is_internal_pass, request_kind, request_setting
 
 logger = logging.getLogger("swift_fast.vllm_plugin")
 
@@ -56,46 +56,9 @@ RESOLVED = "_swift_fast_prune"
 FLAT = "swift_fast_prune"
 FINISH_REASON = "pruned"
 
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
-
-
-def _flag(v: Any, where: str) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, (int, float)) and v in (0, 1):
-        return bool(v)
-    if isinstance(v, str) and v.strip().lower() in _TRUE + _FALSE:
-        return v.strip().lower() in _TRUE
-    raise PruneConfigError(f"{where} must be true or false, got {v!r}")
-
-
 def requested(extra: dict | None) -> tuple[bool, Any, str]:
-    """``(given, setting, where)``: whether a request's ``extra_args`` say anything about pruning,
-    what (a mapping, True or False), and where it was said (for error messages) -- from
-    ``{"swift_fast": {"prune": ...}}`` or the flat keys."""
-    extra = extra or {}
-    own = extra.get(KEY)
-    if isinstance(own, dict) and "prune" in own:
-        return True, own["prune"], f'extra_args["{KEY}"]["prune"]'
-    where = f"{FLAT}_<setting>"
-    flat = {k[len(FLAT) + 1 :]: v for k, v in extra.items() if k.startswith(FLAT + "_")}
-    if FLAT in extra:
-        on = _flag(extra[FLAT], FLAT)
-        if not on:
-            if flat:
-                raise PruneConfigError(f"{FLAT} is false but {sorted(FLAT + '_' + k for k in flat)} are set")
-            return True, False, FLAT
-    if flat:
-        unknown = sorted(k for k in flat if k not in FIELDS)
-        if unknown:
-            raise PruneConfigError(
-                f"unknown pruning key(s) {[FLAT + '_' + k for k in unknown]}; the keys are "
-                f"{[FLAT + '_' + k for k in FIELDS]}"
-            )
-        return True, flat, where
-    if FLAT in extra:
-        return True, True, FLAT
-    return False, None, ""
+    """``(given, setting, where)`` of a request's pruning (:func:`.config.request_setting`)."""
+    return request_setting(extra, "prune", FIELDS, PruneConfigError, "pruning")
 
 
 def resolve(params, default: PruneConfig | None) -> PruneConfig | None:
