@@ -320,6 +320,9 @@ SERVE_OWN = [
     (["--sar-context", "Answer:"], "sar_context", "Answer:"),
     (["--max-best-of-n", "8"], "max_best_of_n", 8),
     (["--select", "rank"], "select", "rank"),
+    (["--select", "vote:confidence_tail"], "select", "vote:confidence_tail"),
+    (["--answer", "math"], "answer", "math"),
+    (["--confidence-window", "64"], "confidence_window", 64),
     (["--prune", "keep=0.5"], "prune", "keep=0.5"),
     (["--prune"], "prune", "{}"),
     (["--verbose"], "verbose", True),
@@ -361,7 +364,7 @@ def test_serve_words_that_look_like_own_options_stay_vllms(monkeypatch):
     assert args.sar is False and args.vllm_args == ["--served-model-name=--sar", "--chat-template", "t.jinja"]
     # after `--`, every word is vLLM's as written
     args = _serve(monkeypatch, "M", "--head", "h", "--port", "8001", "--", "--sar", "--select", "x")
-    assert args.sar is False and args.select == "swift"
+    assert args.sar is False and args.select is None  # the plugin's default: swift with a head
     assert args.vllm_args == ["--port", "8001", "--sar", "--select", "x"]
     args = _serve(monkeypatch, "--head", "h", "--", "M", "--sar")
     assert args.model == "M" and args.sar is False and args.vllm_args == ["--sar"]
@@ -377,9 +380,9 @@ def test_serve_words_that_look_like_own_options_stay_vllms(monkeypatch):
 
 @pytest.mark.parametrize("argv, message", [
     (["--port", "8001", "M", "--head", "h"], "--port before MODEL: vLLM's options go after the model"),
-    (["M"], "the following arguments are required: --head"),
     (["M", "--port", "1", "--head"], "argument --head: expected one argument"),
-    (["M", "--head", "h", "--select", "best"], "argument --select: invalid choice"),
+    (["M", "--head", "h", "--select", "best"], "argument --select: 'best' is not a selector; the selectors: a value"),
+    (["M", "--answer", "number"], "argument --answer: invalid choice"),
     (["M", "--head", "h", "--sar=yes"], "argument --sar: ignored explicit argument"),
 ])
 def test_serve_command_line_errors_are_argparse_errors(monkeypatch, capsys, argv, message):
@@ -426,3 +429,40 @@ def test_vllm_keywords_that_have_their_own_option_are_refused(pair, says):
 
     with pytest.raises(ValueError, match=says):
         parse_vllm_kwargs([pair])
+
+
+def test_select_help_names_every_selector_of_by_value(monkeypatch):
+    """`--select` lists the selectors in words (its parser must not import torch for `--help`);
+    the list is held here to swift_fast.selection.by_value's, and every name it lists parses."""
+    from swift_fast.cli.options import SELECTORS_HELP, selector
+    from swift_fast.selection.by_value import COMBINATIONS, VALUES
+
+    for name in (*VALUES, *COMBINATIONS, "vote", "vote:<value>"):
+        assert re.search(rf"(^|[\s(]){re.escape(name)}(?![\w:])", SELECTORS_HELP), name
+    for name in (*VALUES, *COMBINATIONS, "vote", *(f"vote:{v}" for v in VALUES)):
+        assert selector(name) == name
+    for command in ("bon", "serve"):
+        action = next(a for a in _commands()[command]._actions if a.dest == "select")
+        assert SELECTORS_HELP in action.help and action.default is None
+
+
+def test_serve_without_a_head_starts_the_plugin_with_its_head_free_values(monkeypatch):
+    """No --head: the plugin's section has no head (the head-free values), --select / --answer /
+    --confidence-window reach it, and a selector that needs what is not given is refused by option."""
+    from swift_fast.cli.serve import vllm_argv
+
+    argv = vllm_argv(_serve(monkeypatch, "M", "--port", "9"))
+    assert argv == ["serve", "M", "--port", "9", "--additional-config", '{"swift_fast": {"sar": false}}']
+    argv = vllm_argv(_serve(monkeypatch, "M", "--select", "vote:confidence_tail", "--answer", "math",
+                            "--confidence-window", "64", "--sar"))
+    assert json.loads(argv[-1]) == {"swift_fast": {"sar": True, "select": "vote:confidence_tail", "answer": "math",
+                                                   "confidence_window": 64}}
+    for args, message in [(["--select", "swift"], "--select swift needs --head (the head-free selectors: "),
+                          (["--select", "rank"], "--select rank needs --head and --sar"),
+                          (["--select", "vote"], "--select vote needs --answer"),
+                          (["--prune", "keep=0.5"], "--prune: signal 'swift' ranks candidates by their running SWIFT "
+                                                    "score, which needs a SWIFT head")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            vllm_argv(_serve(monkeypatch, "M", *args))
+    prune = json.loads(vllm_argv(_serve(monkeypatch, "M", "--prune", "signal=confidence"))[-1])["swift_fast"]["prune"]
+    assert prune["signal"] == "confidence"

@@ -1,6 +1,7 @@
 """The trivial intrinsic selectors of the Best-of-N report (longest, shortest, mean logprob,
-DeepConf confidence) against picks worked out by hand, their columns from rollout candidates,
-and the demo's per-task table and summary built from them."""
+DeepConf's confidences and confidence-weighted votes) against picks worked out by hand, their
+columns from rollout candidates (the plugin's fields, or the older trace-derived ones), and the
+demo's per-task table and summary built from them."""
 
 import json
 import math
@@ -15,13 +16,17 @@ from swift_fast.reports import best_of_n as report
 
 NAN = math.nan
 
-# 3 problems x 4 candidates: (num_tokens, mean_logprob, conf_lowest, conf_tail) per candidate
+# 3 problems x 4 candidates: the head-free columns per candidate
 COLUMNS = {
     "num_tokens": [[5, 9, 9, 3], [4, 4, 4, 4], [7, NAN, 2, 7]],
     "mean_logprob": [[NAN, -1.0, -0.5, -0.5], [-2.0, -0.1, NAN, -0.3], [NAN, NAN, NAN, NAN]],
-    "conf_lowest": [[1.0, 3.0, 2.0, 3.0], [NAN, 0.5, 0.5, 0.7], [4.0, 4.0, 9.0, NAN]],
-    "conf_tail": [[2.0, 1.0, 1.0, 0.5], [0.2, 0.2, NAN, 0.1], [NAN, 1.0, 1.0, 3.0]],
+    "confidence_lowest_group": [[1.0, 3.0, 2.0, 3.0], [NAN, 0.5, 0.5, 0.7], [4.0, 4.0, 9.0, NAN]],
+    "confidence_tail": [[2.0, 1.0, 1.0, 0.5], [0.2, 0.2, NAN, 0.1], [NAN, 1.0, 1.0, 3.0]],
+    "confidence_bottom10": [[0.5, 0.5, 0.9, NAN], [1.0, 2.0, 3.0, 4.0], [NAN, NAN, NAN, NAN]],
 }
+TRIVIAL_ROWS = ["longest", "shortest", "mean logprob", "confidence (lowest group)", "confidence (tail)",
+                "confidence (bottom 10%)", "confidence (lowest group) weighted vote",
+                "confidence (tail) weighted vote", "confidence (bottom 10%) weighted vote"]
 # the picks, by hand: highest (lowest for shortest) value, ties to the lowest index, NaN never
 # wins; a problem whose first k values are all NaN falls back to candidate 0
 PICKS = {
@@ -31,6 +36,7 @@ PICKS = {
         "mean logprob": [2, 1, 0],  # p0: -0.5 at c2 and c3 -> c2; p2: all NaN -> c0
         "confidence (lowest group)": [1, 3, 2],
         "confidence (tail)": [0, 0, 3],
+        "confidence (bottom 10%)": [2, 3, 0],  # p0: NaN c3 never wins; p2: all NaN -> c0
     },
     2: {
         "longest": [1, 0, 0],
@@ -38,6 +44,7 @@ PICKS = {
         "mean logprob": [1, 1, 0],  # p0: NaN vs -1.0 -> c1
         "confidence (lowest group)": [1, 1, 0],  # p1: NaN vs 0.5 -> c1; p2: tie -> c0
         "confidence (tail)": [0, 0, 1],  # p2: NaN vs 1.0 -> c1
+        "confidence (bottom 10%)": [0, 1, 0],  # p0: tie -> c0
     },
 }
 
@@ -65,7 +72,7 @@ def _picks(selector, k):
 @pytest.mark.parametrize("k", [4, 2])
 def test_trivial_selectors_pick_by_hand(k):
     sel = report.trivial_selectors(_candidates())
-    assert list(sel) == ["longest", "shortest", "mean logprob", "confidence (lowest group)", "confidence (tail)"]
+    assert list(sel) == TRIVIAL_ROWS
     for name, want in PICKS[k].items():
         assert _picks(sel[name], k) == want, name
 
@@ -100,8 +107,11 @@ def test_signal_columns_from_candidates():
     assert c.scores["num_tokens"].tolist()[0] == [3.0, 7.0]
     assert math.isnan(c.scores["num_tokens"][1, 0]) and c.scores["num_tokens"][1, 1] == 0.0
     assert c.scores["mean_logprob"].tolist()[0][0] == -0.5 and math.isnan(c.scores["mean_logprob"][0, 1])
-    assert "conf_lowest" not in c.scores  # no candidate has it: no row, no error
-    assert list(report.trivial_selectors(c)) == ["longest", "shortest", "mean logprob", "confidence (tail)"]
+    # an older file's trace-derived conf_tail is read as the tail confidence
+    assert c.scores["confidence_tail"].tolist()[1][0] == 2.0
+    assert "confidence_lowest_group" not in c.scores  # no candidate has it: no row, no error
+    assert list(report.trivial_selectors(c)) == ["longest", "shortest", "mean logprob", "confidence (tail)",
+                                                 "confidence (tail) weighted vote"]
     assert report.gather(ps).scores == {}  # only when asked
     ps[0].candidates[0]["conf_tail"] = "high"
     with pytest.raises(DataError, match="conf_tail"):
@@ -317,7 +327,9 @@ def test_json_report_keys_rows_in_snake_case_with_their_display_names_beside():
     js = json.loads(json.dumps(t.to_json()))
     assert set(js) == {"num_problems", "ks", "selectors"}
     assert list(js["selectors"]) == ["random", "majority", "longest", "shortest", "mean_logprob",
-                                     "confidence_lowest_group", "confidence_tail", "swift", "sar",
+                                     "confidence_lowest_group", "confidence_tail",
+                                     "confidence_lowest_group_weighted_vote", "confidence_tail_weighted_vote",
+                                     "swift", "sar",
                                      "swift_weighted_vote", "swift_sar_rank", "swift_sar_scaled", "oracle_pass_at_k"]
     assert [r["name"] for r in js["selectors"].values()] == list(t.rows)
     row = js["selectors"]["confidence_lowest_group"]
@@ -401,3 +413,100 @@ def test_plot_keeps_the_score_best_trivial_and_oracle_prominent_the_rest_muted(t
     assert "confidence (lowest group)" in legend[3].replace("\n", " ")
     assert report.plot_roles(t)["longest"] == "best trivial" == report.plot_roles(t, ["SAR"])["longest"]
     assert report.plot_roles(t, ["SAR"])["SAR"] == "score" and report.plot_roles(t, ["SAR"])["SWIFT"] == "muted"
+
+
+def _vote_problem():
+    # answers A B B C -; by hand: majority B (c1, 2 votes); tail-weighted A 3.0 > B 2.5 > C 0 (NaN adds
+    # nothing) -> c0; lowest-group-weighted C 5 > B 2 > A 1 -> c3; bottom-10%-weighted only B has a
+    # weight -> c1; exp(mean logprob)-weighted A e^-0.1 = 0.905 > B 2e^-2 = 0.271 > C e^-3 -> c0
+    answers = ["A", "B", "B", "C", None]
+    tail = [3.0, 1.0, 1.5, None, 10.0]
+    lowest = [1.0, 1.0, 1.0, 5.0, 1.0]
+    bottom = [None, None, 0.1, None, None]
+    mean = [-0.1, -2.0, -2.0, -3.0, 0.0]
+    cands = [{"token_ids": [1] * (i + 1), "answer": a, "correct": i == 3, "confidence_tail": t,
+              "confidence_lowest_group": g, "confidence_bottom10": b, "mean_logprob": m}
+             for i, (a, t, g, b, m) in enumerate(zip(answers, tail, lowest, bottom, mean))]
+    return _problem("v", cands)
+
+
+def test_confidence_weighted_votes_by_hand():
+    c = report.gather([_vote_problem()], signals=True)
+    choosers = report.trivial_choosers(c)
+    want = {"confidence (tail) weighted vote": 0, "confidence (lowest group) weighted vote": 3,
+            "confidence (bottom 10%) weighted vote": 1}
+    for name, idx in want.items():
+        assert choosers[name](c, 5).tolist() == [idx], name
+    assert report.choose_majority(c, 5).tolist() == [1]
+    assert report.selector_chooser("vote:mean_logprob")(c, 5).tolist() == [0]
+    # the first 3 only: tail A 3.0 vs B 2.5 -> c0; lowest group A 1 vs B 2 -> c1
+    assert choosers["confidence (tail) weighted vote"](c, 3).tolist() == [0]
+    assert choosers["confidence (lowest group) weighted vote"](c, 3).tolist() == [1]
+
+
+def test_selector_rows_name_every_selector_of_by_value():
+    assert report.selector_row("swift") == "SWIFT" and report.selector_row("sar") == "SAR"
+    assert report.selector_row("mean_logprob") == "mean logprob"
+    assert report.selector_row("confidence_bottom10") == "confidence (bottom 10%)"
+    assert report.selector_row("vote") == "majority" and report.selector_row("rank") == "SWIFT+SAR rank"
+    assert report.selector_row("vote:confidence_lowest_group") == "confidence (lowest group) weighted vote"
+    assert report.selector_row("vote:swift") == "SWIFT weighted vote"
+    from swift_fast.selection.by_value import SelectorError
+
+    with pytest.raises(SelectorError, match="'best' is not a selector"):
+        report.selector_row("best")
+    rows = report.with_selector(report.standard_selectors(None, trivial={}), "vote:mean_logprob")
+    assert list(rows)[-2:] == ["mean logprob weighted vote", "oracle pass@k"]
+
+
+def _head_free_problems():
+    """8 problems x 4 candidates without a SWIFT column: the longest (c2) is correct; the tail
+    confidence picks it on 6 problems, c0 on the last 2."""
+    out = []
+    for i in range(8):
+        cands = []
+        for j in range(4):
+            good = j == 2
+            tail = (1.0 if good else 0.5) if i < 6 else (1.0 if j == 0 else 0.5)
+            cands.append({"token_ids": [5] * (10 if good else 6 + j), "answer": "1" if good else str(j + 2),
+                          "correct": good, "mean_logprob": -1.0, "confidence_lowest_group": 1.0,
+                          "confidence_tail": tail, "confidence_bottom10": 1.0})
+        out.append(_problem(f"p{i}", cands))
+    return out
+
+
+def test_a_report_without_a_head_has_a_head_free_headline():
+    c = report.gather(_head_free_problems(), signals=True)
+    rows = report.with_selector(report.standard_selectors(None, trivial=report.trivial_selectors(c)),
+                                "confidence_tail")
+    assert "SWIFT" not in rows and list(rows)[:3] == ["random", "majority", "longest"]
+    t = report.bon_table(c, rows, ks=[1, 4], reps=100)
+    assert t.rows["confidence (tail)"][4] == pytest.approx(6 / 8) and t.rows["longest"][4] == 1.0
+    s = report.selection_summary(c, t, report.selector_row("confidence_tail"), reps=100)
+    assert s["score"] == {"selector": "confidence_tail", "name": "confidence (tail)"}
+    # the best trivial selector is another one than the headline; no score row but the headline
+    assert s["best_trivial"]["name"] == "longest" and s["swift_minus_best_trivial"]["difference"] == -0.25
+    assert s["best_internal"]["name"] == "confidence (tail)"
+    assert s["swift_minus_single"]["difference"] == pytest.approx(6 / 8 - 1 / 4)
+    text = report.summary_text(s)
+    assert "confidence (tail)@4 minus longest -25.0 points" in text
+    assert report.plot_roles(t, ["confidence (tail)"])["longest"] == "best trivial"
+
+
+def test_eval_cli_on_rollouts_without_a_head(tmp_path, capsys):
+    """No `swift_score` anywhere: `eval` reports the head-free rows, headed by DeepConf's lowest
+    group confidence (the plugin's default selector without a head) or --score's column."""
+    f = tmp_path / "r.jsonl"
+    write_rollouts(f, _head_free_problems())
+    js = tmp_path / "s.json"
+    assert main(["eval", str(f), "--plot", "none", "--json", str(js), "--bootstrap", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "SWIFT" not in out and "confidence (bottom 10%) weighted vote" in out
+    s = json.loads(js.read_text())
+    assert s["summary"]["score"] == {"selector": "confidence_lowest_group", "name": "confidence (lowest group)"}
+    assert s["selectors"]["confidence_tail"]["accuracy"]["4"] == pytest.approx(6 / 8)
+    assert main(["eval", str(f), "--plot", "none", "--json", str(js), "--bootstrap", "50",
+                 "--score", "confidence_tail"]) == 0
+    assert json.loads(js.read_text())["summary"]["score"]["name"] == "confidence (tail)"
+    assert main(["eval", str(f), "--plot", "none", "--score", "swift_score"]) == 2
+    assert "no candidate has a score column 'swift_score'" in capsys.readouterr().err

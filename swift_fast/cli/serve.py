@@ -1,4 +1,5 @@
-"""`swift-fast serve`: ``vllm serve`` with a SWIFT head, every response choice scored."""
+"""`swift-fast serve`: ``vllm serve`` with the swift-fast plugin, every response choice carrying its
+values (head-free ones always, SWIFT with a head)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,20 @@ import json
 import sys
 import threading
 
+from ..definitions import KINDS
+from . import options
+
 DESCRIPTION = """\
-Start vLLM's OpenAI-compatible server with a SWIFT head: every choice of /v1/completions and
-/v1/chat/completions carries `swift_score` and `swift_tokens` (and `sar` with --sar), computed
-while the tokens are generated. A request may ask `"best_of_n": N` to get the best of N
-candidates with all N scores. With --sar, each choice also says which question-removed context
-its `sar` used (`sar_context`: "chat" for chat requests, "request" when the body gave one as
-`"sar_context"`, "default" otherwise).
+Start vLLM's OpenAI-compatible server with the swift-fast plugin: every choice of /v1/completions
+and /v1/chat/completions carries values computed while its tokens are generated: the head-free
+`mean_logprob` and DeepConf's `confidence_lowest_group`, `confidence_tail` and
+`confidence_bottom10` always, `swift_score` and `swift_tokens` with a SWIFT head (--head; null and
+0 without), `sar` with --sar. A request may ask `"best_of_n": N` to get the best of N candidates
+with all N values, chosen by its `"select"` field or the server's --select (default swift with a
+head, else confidence_lowest_group); votes read each candidate's final answer, of the kind the
+request's `"answer"` field or --answer names. With --sar, each choice also says which
+question-removed context its `sar` used (`sar_context`: "chat" for chat requests, "request" when
+the body gave one as `"sar_context"`, "default" otherwise).
 
 Written as `vllm serve` is: swift-fast serve MODEL [options] [vLLM's options]. This command's own
 options (those listed below) may stand anywhere, before or after MODEL, in either form (--head H
@@ -22,13 +30,15 @@ or --head=H), and never reach vLLM; every other word after MODEL goes to `vllm s
 and in order, so an option vLLM does not know is refused by vLLM, with its message (`vllm serve
 --help` lists them). A word after `--` goes to vLLM as it is, even one spelled like an option of
 this command. --prune takes SETTINGS only when the next word is JSON or key=value pairs, so
-`--prune MODEL` and `--prune --port 8001` both read as meant. The head reaches vLLM as
+`--prune MODEL` and `--prune --port 8001` both read as meant. The plugin's settings reach vLLM as
 `--additional-config '{"swift_fast": {...}}'` (merged into an `--additional-config` you give).
 """
 
 EXAMPLES = """\
 examples:
   swift-fast serve Qwen/Qwen2.5-7B-Instruct --head head.safetensors
+  swift-fast serve Qwen/Qwen2.5-7B-Instruct   # no head: mean log-prob and DeepConf's confidences
+  swift-fast serve M --select vote:confidence_tail --answer math   # DeepConf's weighted vote
   swift-fast serve M --head head.safetensors --sar --select rank --port 8001 --max-model-len 4096
   swift-fast serve M --port 8001 --head head.safetensors --prune keep=0.5   # any order after MODEL
 
@@ -42,8 +52,9 @@ def add_parser(sub, name, help_):
     # option has the one spelling wherever it stands
     p = sub.add_parser(name, help=help_, description=DESCRIPTION, epilog=EXAMPLES, allow_abbrev=False,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--head", required=True, help="SWIFT head trained for this model: a .safetensors file, or a "
-                   "Hugging Face Hub repository id org/name[@revision][:file] (file default head.safetensors)")
+    p.add_argument("--head", help="SWIFT head trained for this model: a .safetensors file, or a Hugging Face Hub "
+                   "repository id org/name[@revision][:file] (file default head.safetensors); without one, every "
+                   "choice carries the head-free values only")
     p.add_argument("--sar", action="store_true", help="also compute the self-aligned reward of every choice")
     p.add_argument("--sar-context", metavar="TEXT",
                    help="SAR's question-removed context for raw completion prompts that bring none of their own, "
@@ -51,8 +62,10 @@ def add_parser(sub, name, help_):
                         "chat requests use their own messages with the question removed)")
     p.add_argument("--max-best-of-n", type=int, default=None, metavar="N",
                    help="largest best_of_n a request may ask for (default 64)")
-    p.add_argument("--select", choices=("swift", "sar", "rank", "scaled"), default="swift",
-                   help="what best_of_n ranks by (default swift; sar/rank/scaled need --sar)")
+    options.add_select(p, "swift with --head, else confidence_lowest_group; a request's \"select\" wins")
+    p.add_argument("--answer", choices=KINDS, help="the kind of final answer a vote reads from each candidate's text "
+                   "(math, choice, boolean, literal); a request's \"answer\" wins")
+    options.add_confidence_window(p)
     p.add_argument("--prune", nargs="?", const="{}", metavar="SETTINGS",
                    help="stop the weakest candidates of every request with n > 1 (and best_of_n) while they are "
                         "generated, by default (a request's own \"prune\" field wins; \"prune\": false opts out); "
@@ -108,19 +121,48 @@ def _prune_settings(word: str) -> bool:
     return word.lstrip().startswith("{") or "=" in word
 
 
+def _check_select(args) -> None:
+    """Refuse a --select that needs an option not given, naming the option (the plugin's own check
+    names its configuration keys)."""
+    if args.select is None:
+        return
+    from ..selection.by_value import HEAD_FREE, needs
+
+    need = needs(args.select)
+    missing = [opt for opt, want, have in (("--head", need.head, args.head is not None), ("--sar", need.sar, args.sar),
+                                           ("--answer", need.answers, args.answer is not None)) if want and not have]
+    if missing:
+        hint = f" (the head-free selectors: {', '.join(HEAD_FREE)}, vote, vote:<value>)" if "--head" in missing else ""
+        raise ValueError(f"--select {args.select} needs {' and '.join(missing)}{hint}")
+
+
 def vllm_argv(args) -> list[str]:
-    """The ``vllm serve`` command line for ``args`` (head config merged into --additional-config)."""
+    """The ``vllm serve`` command line for ``args`` (the plugin's section merged into
+    --additional-config; a setting not given is left to the plugin's default)."""
     from ..vllm_plugin.config import KEY, PluginConfig
 
-    section = {"head": args.head, "sar": bool(args.sar), "select": args.select}
+    section: dict = {"head": args.head} if args.head is not None else {}
+    section["sar"] = bool(args.sar)
+    for key in ("select", "answer", "confidence_window"):
+        if getattr(args, key, None) is not None:
+            section[key] = getattr(args, key)
     if args.sar_context is not None:
         section["sar_context"] = args.sar_context
     if args.max_best_of_n is not None:
         section["max_best_of_n"] = args.max_best_of_n
     if getattr(args, "prune", None) is not None:
+        from ..selection.by_value import Available, SelectorError, check_prune
         from ..selection.pruning import parse_text
 
-        section["prune"] = parse_text(args.prune, "--prune").to_dict()
+        prune = parse_text(args.prune, "--prune")
+        try:
+            check_prune(prune, Available(head=args.head is not None, sar=bool(args.sar), answers=False), "--prune")
+        except SelectorError as e:
+            raise ValueError(f"{e} (or give --head)") from None
+        section["prune"] = prune.to_dict()
+    _check_select(args)
+    if args.confidence_window is not None and args.confidence_window < 1:
+        raise ValueError(f"--confidence-window must be a positive number of tokens, got {args.confidence_window}")
     PluginConfig.parse(section)  # bad combinations fail here, before vLLM starts
     rest = list(args.vllm_args)
     extra: dict = {}
@@ -148,7 +190,8 @@ def vllm_argv(args) -> list[str]:
         out.append(a)
         i += 1
     if KEY in extra:
-        raise ValueError(f"--additional-config already has a {KEY!r} section: give the head with --head only")
+        raise ValueError(f"--additional-config already has a {KEY!r} section: give the plugin's settings with this "
+                         "command's options (--head, --sar, --select, ...) only")
     extra[KEY] = section
     return ["serve", args.model, *out, "--additional-config", json.dumps(extra)]
 
@@ -158,8 +201,9 @@ def run(args) -> int:
     from ..rewards.head import HeadError, SwiftHead
 
     try:
-        args.head = resolve_head(args.head)  # a Hub repository id: its file in the cache, fetched once here
-        SwiftHead.load(args.head)  # unreadable head: fail before vLLM's start-up
+        if args.head is not None:
+            args.head = resolve_head(args.head)  # a Hub repository id: its file in the cache, fetched once here
+            SwiftHead.load(args.head)  # unreadable head: fail before vLLM's start-up
         argv = vllm_argv(args)
     except (HeadError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -170,7 +214,7 @@ def run(args) -> int:
 
     host, port = _address(argv)
     out = StartupOutput(args.startup_log)
-    print(f"swift-fast serve: starting {args.model} with head {args.head} (vLLM's start-up output: "
+    print(f"swift-fast serve: starting {args.model} with {_what(args)} (vLLM's start-up output: "
           f"{args.startup_log})", file=out.console)
     watcher = threading.Thread(target=_announce_when_ready, args=(out, host, port, args), daemon=True)
     watcher.start()
@@ -236,8 +280,12 @@ def _announce_when_ready(out, host: str, port: int, args, poll: float = 0.5) -> 
     else:
         return
     out.release()
-    print(f"swift-fast serve: ready at {url}/v1 (model {args.model}, head {args.head}"
+    print(f"swift-fast serve: ready at {url}/v1 (model {args.model}, {_what(args)}"
           f"{', SAR on' if args.sar else ''}); vLLM's logs follow", file=out.console, flush=True)
+
+
+def _what(args) -> str:
+    return f"head {args.head}" if args.head is not None else "no head (head-free values)"
 
 
 @contextlib.contextmanager

@@ -8,8 +8,12 @@ A line::
      "candidates": [{"token_ids": [...], "text": "...", "answer": "42", "correct": true,
                      "finish_reason": "stop", "swift_score": 0.7, "sar": 0.1}, ...]}
 
-Score columns (``swift_score``, ``sar``, ``mean_logprob``, an external reward...) live on the
-candidates under any name; ``eval`` and ``bon`` are told which to use. ``token_ids`` are the
+Score columns (``swift_score``, ``sar``, an external reward...) live on the candidates under any
+name; ``eval`` and ``bon`` are told which to use. The head-free values go under the names of the
+vLLM plugin's outputs, as ``bon`` and ``score`` without a head write them: ``mean_logprob``,
+``confidence_lowest_group``, ``confidence_tail``, ``confidence_bottom10`` (DeepConf's, over the
+engine's window) and ``num_tokens``; older files carry ``conf_lowest`` and ``conf_tail``
+(``swift_fast.reports.candidates`` reads both). ``token_ids`` are the
 response as generated (end-of-turn token included when it was generated); parity between
 paths is defined on them, never on re-tokenised text. Lines that ``collect`` and ``bon`` write
 start with ``run_id``, the id of the run's record (``swift_fast.jobs.run_record``): a resume

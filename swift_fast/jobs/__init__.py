@@ -5,7 +5,8 @@ these and prints.
 =================  ==============================================================================
 ``engine``         the generation engines (vLLM, transformers), their settings, ``make_engine``
 ``collect``        sample, grade and write N candidates per problem (``run_collect``)
-``bon``            Best-of-N scored in vLLM by SWIFT (and SAR), with pruning compared (``run_bon``)
+``bon``            Best-of-N valued in vLLM (SWIFT with a head, head-free values, SAR), with pruning
+                   compared (``run_bon``)
 ``data_parallel``  ``LLM.generate``'s interface over vLLM's data-parallel engine
 ``train``          a head trained on graded rollouts and written (``plan_train``, ``run_train``)
 =================  ==============================================================================

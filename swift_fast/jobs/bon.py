@@ -1,15 +1,19 @@
-"""Best-of-N over a dataset with vLLM, scored by SWIFT (and SAR) while the tokens are generated:
-the job behind ``swift-fast bon`` (:func:`run_bon`).
+"""Best-of-N over a dataset with vLLM, every candidate valued while its tokens are generated: the
+job behind ``swift-fast bon`` (:func:`run_bon`).
 
 One vLLM engine with the swift-fast plugin attached (``additional_config["swift_fast"] =
-{"head": path, "sar": bool}``) samples N candidates per problem with the prompts, sampling and
-per-problem seeds of :mod:`.collect`, and grades them. :class:`ScoredVLLMEngine` keeps the
-plugin's values on each candidate: ``swift_score``, ``swift_tokens``, ``swift_pruned``, with SAR
-``sar`` and ``sar_context``. Every run is traced (``plugin_args["trace"]``), so each candidate
-also gets the trivial selectors' columns from its per-token values (``num_tokens``, DeepConf's
-``conf_lowest`` and ``conf_tail``, with SAR ``mean_logprob``:
-``swift_fast.reports.best_of_n.trace_signals``), and ``swift-fast eval`` on the rollouts shows
-the rows this job reports.
+{"head": path (absent without a head), "sar": bool, "confidence_window": tokens}``) samples N
+candidates per problem with the prompts, sampling and per-problem seeds of :mod:`.collect`, and
+grades them. :class:`ScoredVLLMEngine` keeps the plugin's values on each candidate, under the
+names of the plugin's outputs: the head-free ones always (``mean_logprob``, DeepConf's
+``confidence_lowest_group``, ``confidence_tail``, ``confidence_bottom10``) with ``num_tokens``
+and ``swift_pruned``; with a head ``swift_score`` and ``swift_tokens``; with SAR ``sar`` and
+``sar_context``. ``swift-fast eval`` on the rollouts shows the rows this job reports.
+
+Without a head the report has no SWIFT rows: its headline is the selector ``select`` names (a
+:mod:`swift_fast.selection.by_value` selector; default SWIFT with a head, else DeepConf's lowest
+group confidence, the plugin's own default). A selector that needs what the run lacks (``swift``
+without a head, ``sar`` without SAR) is refused before anything starts.
 
 Files, ``<base>`` being ``out`` without its extension:
 
@@ -24,16 +28,20 @@ Files, ``<base>`` being ``out`` without its extension:
 ``<base>.prune.png``     with pruning: accuracy against tokens of the sweep, the pruned run a star
 =======================  =========================================================================
 
+Every run is traced (``plugin_args["trace"]``): its per-token values come back with each
+candidate, kept on it only where a pruning sweep replays them.
+
 Pruning (``BonConfig.prune``): a second run with the weakest candidates stopped while they are
 generated. Both runs are traced, so their vLLM wall times differ by the pruning alone; the full
 run keeps its per-token values (``swift_trace``) for the sweep, which replays a grid of settings
-on them (``swift_fast.reports.pruning``).
+on them (``swift_fast.reports.pruning``; without a head, the signals that need none). Both runs
+are compared by the headline selector.
 
-A run resumes a rollout file only when the file is of the same run: the same model, head, data,
-prompts, sampling, grading, engine settings and plugin settings (the pruned run's include the
-pruning), as its record says (:mod:`.run_record`); else it is refused before the engine starts,
-naming the first difference, and ``overwrite=True`` starts again. The summary carries the
-records. A rerun with nothing left to generate starts no engine.
+A run resumes a rollout file only when the file is of the same run: the same model, head (or
+none), data, prompts, sampling, grading, engine settings and plugin settings (the pruned run's
+include the pruning), as its record says (:mod:`.run_record`); else it is refused before the
+engine starts, naming the first difference, and ``overwrite=True`` starts again. The summary
+carries the records. A rerun with nothing left to generate starts no engine.
 """
 
 from __future__ import annotations
@@ -45,6 +53,17 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..reports import best_of_n as report
+from ..rewards.confidence import DEFAULT_WINDOW
+from ..selection.by_value import (
+    DEFAULT_HEAD_FREE,
+    FIELD,
+    HEAD_FREE,
+    Available,
+    SelectorError,
+    check_prune,
+    needs,
+    parse,
+)
 from ..selection.pruning import PruneConfig
 from .collect import CollectConfig, collect, pending
 from .engine import EngineConfig, VLLMEngine, make_engine, parallel_kwargs
@@ -58,15 +77,15 @@ def default_out(data: str, n: int) -> str:
 
 
 class ScoredVLLMEngine(VLLMEngine):
-    """:class:`.engine.VLLMEngine` with the plugin's scores kept on each candidate, and the wall
+    """:class:`.engine.VLLMEngine` with the plugin's values kept on each candidate, and the wall
     time spent inside vLLM's ``generate`` counted."""
 
     name = "vllm+swift"
 
     seconds = 0.0  # wall time inside vLLM's generate
-    #: DeepConf's group size for the confidence columns; whether the per-token values stay on
-    #: each candidate (a pruning sweep replays them) or only the columns the report reads
-    window = PruneConfig().window
+    #: whether the engine has a SWIFT head (its ``swift_score`` is kept); whether the per-token
+    #: values stay on each candidate (a pruning sweep replays them)
+    has_head = True
     keep_trace = False
 
     def generate(self, prompts, seeds, cfg, contexts=None, bar=None):
@@ -94,19 +113,18 @@ class ScoredVLLMEngine(VLLMEngine):
 
     def _keep_scores(self, c: dict, out) -> None:
         """Copy one vLLM completion's plugin values onto its candidate ``c``."""
-        c["swift_score"] = out.swift_score
-        c["swift_tokens"] = out.swift_tokens
+        if self.has_head:
+            c["swift_score"] = out.swift_score
+            c["swift_tokens"] = out.swift_tokens
         c["swift_pruned"] = bool(getattr(out, "swift_pruned", False))
+        c["num_tokens"] = len(c["token_ids"])
+        for name in HEAD_FREE:
+            c[name] = getattr(out, name, None)
         if hasattr(out, "sar"):
             c["sar"] = out.sar
             c["sar_context"] = out.sar_context
-        if getattr(out, "swift_trace", None) is not None:
-            # the trivial selectors' columns are written on every traced run, so `eval` on this
-            # file shows the rows `bon` shows
+        if self.keep_trace and getattr(out, "swift_trace", None) is not None:
             c["swift_trace"] = out.swift_trace
-            report.trace_signals(c, self.window)
-            if not self.keep_trace:
-                del c["swift_trace"]
 
 
 @dataclass
@@ -121,6 +139,12 @@ class BonConfig:
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(engine="vllm"))
     #: also compute SAR in the engine, and report SAR and its combinations with SWIFT
     sar: bool = False
+    #: the headline selector (``swift_fast.selection.by_value``): the row the summary and the plot
+    #: lead with, and what the pruned run is compared by (None: ``swift`` with a head, else
+    #: DeepConf's ``confidence_lowest_group``)
+    select: str | None = None
+    #: tokens per group of DeepConf's group confidences in the engine (the plugin's ``confidence_window``)
+    confidence_window: int = DEFAULT_WINDOW
     #: also run Best-of-N with this pruning during generation, and compare (None: no pruned run)
     prune: PruneConfig | None = None
     #: grading kind for every problem (None: each problem's, from the dataset)
@@ -165,11 +189,29 @@ class BonResult:
     pruned_run: RunRecord | None = None  # the pruned run's (with pruning)
 
 
-def run_bon(model: str, head: str, data: str, out: str | os.PathLike | None = None, config: BonConfig | None = None,
-            on_table: Callable[[BonResult], None] | None = None, overwrite: bool = False) -> BonResult:
-    """Best-of-N of ``model`` on ``data`` (a dataset file or name), scored in vLLM by the SWIFT head
-    ``head`` (a file, or a Hub repository id ``org/name[@revision][:file]``: ``swift_fast.hf.hub``);
-    rollouts into ``out`` (None: :func:`default_out` in the current folder).
+def headline(head: str | None, config: BonConfig) -> str:
+    """The run's headline selector: ``config.select``, else ``swift`` with a head and DeepConf's
+    lowest group confidence without; ``SelectorError`` (a ``ValueError``) when it needs what the
+    run lacks (a head, SAR). The answers a vote reads are the graded ones: always there."""
+    select = config.select or ("swift" if head is not None else DEFAULT_HEAD_FREE)
+    parse(select, where="--select")  # an unknown name: SelectorError naming it and the selectors
+    need = needs(select)
+    missing = [what for what, want, have in (("a SWIFT head (--head)", need.head, head is not None),
+                                             ("SAR (--sar)", need.sar, config.sar)) if want and not have]
+    if missing:
+        free = ", ".join([*HEAD_FREE, "vote", *(f"vote:{v}" for v in HEAD_FREE)])
+        raise SelectorError(f"--select {select} needs {' and '.join(missing)}"
+                            + (f"; the selectors without a head: {free}" if need.head and head is None else ""))
+    return select
+
+
+def run_bon(model: str, head: str | None, data: str, out: str | os.PathLike | None = None,
+            config: BonConfig | None = None, on_table: Callable[[BonResult], None] | None = None,
+            overwrite: bool = False) -> BonResult:
+    """Best-of-N of ``model`` on ``data`` (a dataset file or name), valued in vLLM by the plugin:
+    with the SWIFT head ``head`` (a file, or a Hub repository id ``org/name[@revision][:file]``:
+    ``swift_fast.hf.hub``), or, ``head`` None, by the head-free values alone; rollouts into ``out``
+    (None: :func:`default_out` in the current folder).
 
     ``on_table``: called with the result as soon as the table, its summary and plot are ready,
     before the pruning comparison (whose sweep replays every swept setting on every candidate):
@@ -185,10 +227,16 @@ def run_bon(model: str, head: str, data: str, out: str | os.PathLike | None = No
     n = config.collect.n
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
+    window = config.confidence_window
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"confidence_window (--confidence-window) must be a positive number of tokens, got {window!r}")
+    select = headline(head, config)
     out = default_out(data, n) if out is None else os.fspath(out)
     base = os.path.splitext(out)[0]
-    head = resolve_head(head)  # a Hub repository id becomes its file in the Hugging Face cache
-    alignment = SwiftHead.load(head).alignment  # a bad head file fails before any work
+    alignment = "predicting"  # without a head, no signal waits for a token's states
+    if head is not None:
+        head = resolve_head(head)  # a Hub repository id becomes its file in the Hugging Face cache
+        alignment = SwiftHead.load(head).alignment  # a bad head file fails before any work
     examples = load_dataset(data, kind=config.kind, limit=config.limit)
     if config.engine.engine not in ("auto", "vllm"):
         raise ValueError(f"Best-of-N scores in vLLM (the plugin): engine {config.engine.engine!r} cannot run it")
@@ -196,11 +244,13 @@ def run_bon(model: str, head: str, data: str, out: str | os.PathLike | None = No
     parallel_kwargs(engine, "vllm")  # checked here: a bad setting fails before the engine starts
     if config.prune is not None and n < 2:
         raise ValueError("--prune stops the weakest of each problem's candidates: it needs --n 2 or more")
+    if config.prune is not None:
+        check_prune(config.prune, Available(head=head is not None, sar=config.sar, answers=True), where="--prune")
     result = BonResult(out=out, pruned_out=base + ".pruned.jsonl" if config.prune is not None else None)
-    # the plugin's per-request settings are part of each run's record, and read back from it
+    # the plugin's settings are part of each run's record, and read back from it
     full = {"trace": True, "prune": False} if config.prune is not None else {"trace": True}
     result.run = build(model, data, replace(config.collect, plugin_args=full), engine, kind=config.kind, head=head,
-                       sar=config.sar)
+                       sar=bool(config.sar), plugin=plugin_settings(config))
     runs = [(out, result.run, "the full run")]
     if config.prune is not None:
         result.pruned_run = result.run.with_request({"trace": True, "prune": config.prune.to_dict()})
@@ -209,25 +259,33 @@ def run_bon(model: str, head: str, data: str, out: str | os.PathLike | None = No
     _generate(model, head, examples, engine, config, result)
     ids = {str(ex.id) for ex in examples}
     problems = [p for p in read_rollouts(out) if p.id in ids]
-    result.table, result.summary = _table(problems, out, config)
+    result.table, result.summary = _table(problems, out, config, head is not None, select)
     if config.plot:
         result.plot = report.plot(result.table, config.plot_path or base + ".bon.png",
-                                  title=f"{os.path.basename(model)} on {os.path.basename(str(data))}")
+                                  title=f"{os.path.basename(model)} on {os.path.basename(str(data))}",
+                                  highlight=[report.selector_row(select)])
     if on_table is not None:
         on_table(result)
     if config.prune is not None:
-        result.prune = _prune_comparison(problems, ids, result, config, alignment)
+        result.prune = _prune_comparison(problems, ids, result, config, alignment, select, head is not None)
         result.prune["run"] = result.pruned_run.sidecar()
     result.summary_path = report.save_json(
         result.table, config.summary_path or base + ".summary.json", summary=result.summary, model=model,
-        head=os.path.abspath(head), data=str(data), n=n, rollouts=os.path.abspath(out),
-        generated=result.stats["written"], resumed=result.stats["skipped_done"], run=result.run.sidecar(),
-        **({"prune": result.prune} if result.prune is not None else {}),
+        head=os.path.abspath(head) if head is not None else None, select=select, data=str(data), n=n,
+        rollouts=os.path.abspath(out), generated=result.stats["written"], resumed=result.stats["skipped_done"],
+        run=result.run.sidecar(), **({"prune": result.prune} if result.prune is not None else {}),
     )
     return result
 
 
-def _generate(model: str, head: str, examples, engine_cfg: EngineConfig, config: BonConfig, result: BonResult) -> None:
+def plugin_settings(config: BonConfig) -> dict:
+    """The plugin's engine settings of a run but the head and SAR: those not at their default."""
+    window = int(config.confidence_window)
+    return {"confidence_window": window} if window != DEFAULT_WINDOW else {}
+
+
+def _generate(model: str, head: str | None, examples, engine_cfg: EngineConfig, config: BonConfig,
+              result: BonResult) -> None:
     """The full run into ``result.out`` and, with pruning, the pruned run into ``result.pruned_out``,
     on one engine (none when both are complete); their counts and vLLM wall times into ``result``."""
     from ..support.engine_logs import quiet_engine
@@ -239,17 +297,17 @@ def _generate(model: str, head: str, examples, engine_cfg: EngineConfig, config:
     with quiet_engine(log, verbose=config.verbose) if needed else contextlib.nullcontext():
         engine = None
         if needed:
+            plugin = {**({"head": head} if head is not None else {}), "sar": bool(config.sar),
+                      **plugin_settings(config)}
             engine = make_engine(model, engine_cfg, seed=config.collect.seed, vllm_engine=ScoredVLLMEngine,
-                                 plugin={"head": head, "sar": bool(config.sar)})
+                                 plugin=plugin)
+            engine.has_head = head is not None
         try:
             for pruned, (out, run) in enumerate(runs):
                 if engine is not None:
-                    # traced: each candidate's confidence (and with SAR its mean log-prob) come free, for
-                    # the trivial selectors; with pruning both runs are traced, so their times differ by
-                    # the pruning alone, and the full run keeps its per-token values for the sweep
+                    # with pruning both runs are traced, so their times differ by the pruning alone,
+                    # and the full run keeps its per-token values for the sweep
                     engine.seconds, engine.keep_trace = 0.0, prune is not None and not pruned
-                    if prune is not None:
-                        engine.window = prune.window
                 cfg = replace(config.collect, plugin_args=run.record["plugin"]["request"])
                 stats = collect(engine, getattr(engine, "tokenizer", None), examples, out, cfg,
                                 progress=config.progress, model_name=model,
@@ -264,21 +322,29 @@ def _generate(model: str, head: str, examples, engine_cfg: EngineConfig, config:
                 engine.close()
 
 
-def _table(problems, out: str, config: BonConfig) -> tuple[report.Table, dict]:
-    """The Best-of-N table of every selector the candidates allow (SWIFT, with SAR SAR and the
-    combinations, the trivial selectors, votes, oracle) and the summary under it."""
+def _table(problems, out: str, config: BonConfig, has_head: bool, select: str) -> tuple[report.Table, dict]:
+    """The Best-of-N table of every selector the candidates allow (SWIFT with a head, with SAR SAR
+    and the combinations, the head-free selectors and DeepConf's weighted votes, majority,
+    oracle; the headline ``select``'s row added where these lack it) and the summary under it."""
     sar_key = "sar" if config.sar else None
-    keys = ["swift_score"] + ([sar_key] if sar_key else [])
+    score = "swift_score" if has_head else None
+    keys = [k for k in (score, sar_key) if k]
     cands = report.gather(problems, keys, n=config.collect.n, where=out, signals=True)
-    rows = report.standard_selectors("swift_score", sar=sar_key, trivial=report.trivial_selectors(cands))
-    table = report.bon_table(cands, rows, config.ks, reps=config.bootstrap)
-    summary = report.selection_summary(cands, table, report.selector_name("swift_score"), reps=config.bootstrap)
+    rows = report.standard_selectors(score, sar=sar_key, trivial=report.trivial_selectors(cands))
+    kind, value = parse(select)
+    needed = ["swift_score", "sar"] if kind in ("rank", "scaled") else [FIELD[value]] if value else []
+    missing = [k for k in needed if k not in cands.scores]
+    if missing:
+        raise ValueError(f"{out}: the headline selector {select!r} reads {', '.join(missing)}, which no candidate has")
+    table = report.bon_table(cands, report.with_selector(rows, select), config.ks, reps=config.bootstrap)
+    summary = report.selection_summary(cands, table, report.selector_row(select), reps=config.bootstrap)
     return table, summary
 
 
-def _prune_comparison(problems, ids: set[str], result: BonResult, config: BonConfig, alignment: str) -> dict:
+def _prune_comparison(problems, ids: set[str], result: BonResult, config: BonConfig, alignment: str, select: str,
+                      has_head: bool) -> dict:
     """The pruned run against the full one (measured), the policy replayed on the full run's
-    per-token values (predicted), the sweep of settings and its plot."""
+    per-token values (predicted), the sweep of settings and its plot; Best-of-N by ``select``."""
     from ..data.rollouts import read_rollouts
     from ..reports import pruning as pr
 
@@ -288,17 +354,21 @@ def _prune_comparison(problems, ids: set[str], result: BonResult, config: BonCon
     if len(pruned_problems) != len(problems):
         raise ValueError(
             f"{result.pruned_out}: {len(problems) - len(pruned_problems)} problems of the full run are missing")
-    full = pr.outcome(problems, n, where=os.path.abspath(result.out))
-    measured = pr.compare(full, pr.outcome(pruned_problems, n, where=result.pruned_out), reps=reps)
+    full = pr.outcome(problems, n, where=os.path.abspath(result.out), select=select)
+    measured = pr.compare(full, pr.outcome(pruned_problems, n, where=result.pruned_out, select=select), reps=reps,
+                          select=select)
     # an emitted head's decisions come a token later than a predicting head's
-    predicted = pr.compare(full, pr.replayed(problems, prune, n, alignment=alignment), reps=reps)
-    rows = pr.sweep(problems, n, base=prune, reps=min(reps, 500), alignment=alignment)
+    predicted = pr.compare(full, pr.replayed(problems, prune, n, alignment=alignment, select=select), reps=reps,
+                           select=select)
+    rows = pr.sweep(problems, n, base=prune, reps=min(reps, 500), alignment=alignment, select=select,
+                    head=has_head)
     # a resumed run's time covers only the problems it generated
     timed = result.stats["written"] == len(problems) and result.pruned_stats["written"] == len(problems)
     path = None
     if config.plot:
         path = pr.plot_sweep(rows, os.path.splitext(result.out)[0] + ".prune.png", measured=[
-            ("pruned run (measured)", measured["token_fraction"], measured["accuracy"])])
-    return {"settings": prune.to_dict(), "measured": measured, "replayed": predicted,
+            ("pruned run (measured)", measured["token_fraction"], measured["accuracy"])],
+            by=report.selector_row(select))
+    return {"settings": prune.to_dict(), "select": select, "measured": measured, "replayed": predicted,
             "seconds": {"full": result.seconds, "pruned": result.pruned_seconds} if timed else None,
             "rollouts": os.path.abspath(result.pruned_out), "sweep": rows, "plot": path}

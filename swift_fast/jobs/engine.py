@@ -157,7 +157,8 @@ def engine_name(cfg: EngineConfig) -> str:
 
 def vllm_engine_kwargs(cfg: EngineConfig, plugin: dict | None = None) -> dict:
     """The ``vllm.LLM`` keywords of ``cfg`` beyond model, dtype and seed; ``plugin``: the swift-fast
-    plugin's engine settings (``{"head": path, "sar": bool}``), put in ``additional_config``."""
+    plugin's engine settings (``{"head": path, "sar": bool, ...}``; ``{}`` for the head-free values
+    alone), put in ``additional_config``."""
     kw = dict(cfg.vllm_kwargs)
     kw.update(parallel_kwargs(cfg, "vllm"))
     if cfg.gpu_memory_utilization is not None:

@@ -32,9 +32,11 @@ The record, compared field by field (fields named as ``sampling.temperature``):
 ``grading``   ``kind`` (None: each problem's), ``truncation``, ``timeout``
 ``engine``    ``dtype`` as given, and ``vllm``: the ``vllm.LLM`` keywords that can change what is
               sampled (``swift_fast.jobs.engine.EngineConfig.output_settings``)
-``head``      ``bon``: ``sha256`` of the head file
-``plugin``    ``bon``: ``sar``, and ``request``: the per-request settings (``trace``, ``prune``:
-              the pruned run's record differs from the full run's there)
+``head``      ``bon``: ``sha256`` of the head file; null without a head (a run of the head-free
+              values is another run than one with a head)
+``plugin``    ``bon``: the engine's settings (``sar``; ``confidence_window`` when not the
+              default), and ``request``: the per-request settings (``trace``, ``prune``: the
+              pruned run's record differs from the full run's there)
 ============  ==================================================================================
 
 Left out, as they do not change what is sampled, only where or how fast (:data:`NOT_RECORDED`,
@@ -100,11 +102,13 @@ def _json(x):
 
 
 def build(model: str, data: str, cfg, engine, kind: str | None = None, head: str | None = None,
-          sar: bool | None = None) -> RunRecord:
+          sar: bool | None = None, plugin: dict | None = None) -> RunRecord:
     """The record of a run of ``model`` on ``data`` (a file or a dataset name) with the
-    ``CollectConfig`` ``cfg``, the ``EngineConfig`` ``engine`` and the grading ``kind``; ``head``
-    and ``sar``: ``bon``'s plugin (``cfg.plugin_args``: its per-request settings). Reads the
-    model's files and the data (no engine, no model load)."""
+    ``CollectConfig`` ``cfg``, the ``EngineConfig`` ``engine`` and the grading ``kind``; ``bon``'s
+    plugin: ``head`` its head file (None: none), ``sar`` its SAR setting (None: no plugin, as
+    ``collect``), ``plugin`` its other engine settings that change the values (those not at their
+    default: ``{"confidence_window": 64}``), ``cfg.plugin_args`` its per-request settings. Reads
+    the model's files and the data (no engine, no model load)."""
     from .. import __version__
     from ..data.datasets import load_dataset, resolve_path
 
@@ -126,13 +130,16 @@ def build(model: str, data: str, cfg, engine, kind: str | None = None, head: str
         "engine": engine.output_settings(),
     }
     sources = {"model": os.path.abspath(model) if os.path.exists(model) else model, "data": os.path.abspath(data_file)}
+    on = head is not None or sar is not None
     if head is not None:
         record["head"] = {"sha256": sha256_of(head)}
         sources["head"] = os.path.abspath(head)
-    if head is not None or cfg.plugin_args:
+    elif on:
+        record["head"] = None  # the head-free values only: never resumed as (or by) a run with a head
+    if on or cfg.plugin_args:
         # NOTE: bon --prune's full run ("prune": false) is another run than a plain bon's: it keeps
         # every candidate's per-token values, which the pruning sweep replays
-        record["plugin"] = {"sar": bool(sar), "request": cfg.plugin_args}
+        record["plugin"] = {"sar": bool(sar), **(plugin or {}), "request": cfg.plugin_args}
     return RunRecord(_json(record), sources)
 
 

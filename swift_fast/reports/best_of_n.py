@@ -1,9 +1,14 @@
 """Best-of-N reports: accuracy of each selector at each k, with bootstrap confidence intervals,
 as a text table, a JSON summary and a PNG plot. Shared by ``eval``, ``bon`` and the demo.
 
-Beside the scores under test, a report carries the trivial intrinsic selectors a reader needs to
-judge them: majority vote, longest and shortest candidate, highest mean token log-prob and
-DeepConf's confidence (:data:`TRIVIAL`, from the candidates' :data:`SIGNAL_FIELDS`).
+Beside the scores under test, a report carries the head-free selectors a reader needs to judge
+them (the *trivial* ones: they need no head and no reward model): majority vote, longest and
+shortest candidate, highest mean token log-prob, DeepConf's lowest-group, tail and bottom-10%
+confidence (:data:`TRIVIAL`, from the candidates' :data:`SIGNAL_FIELDS`) and DeepConf's
+confidence-weighted majority votes (:data:`WEIGHTED_VOTES`: each candidate adds its confidence to
+its answer, as ``vote:<value>`` of :mod:`swift_fast.selection.by_value`). Without a head the
+rollouts have no SWIFT column and the report has no SWIFT rows: its headline is then one of the
+head-free rows (:func:`selector_row` names the row of any selector).
 
 The candidates themselves (:class:`Candidates`, :func:`gather`, the signal columns) come from
 :mod:`swift_fast.reports.candidates`, re-exported here so that every report reads one module."""
@@ -19,11 +24,13 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-from ..selection import bon
+from ..selection import bon, by_value
 from ..selection.bootstrap import bootstrap_interval
 
 # the candidates' names, re-exported (``X as X``): eval, bon, the demo and the tests read them here
+from .candidates import FALLBACK as FALLBACK
 from .candidates import SIGNAL_FIELDS as SIGNAL_FIELDS
+from .candidates import TRACE_FIELDS as TRACE_FIELDS
 from .candidates import Candidates
 from .candidates import gather as gather
 from .candidates import record_trace_signals as record_trace_signals
@@ -35,8 +42,17 @@ TRIVIAL = {
     "longest": ("num_tokens", 1.0),
     "shortest": ("num_tokens", -1.0),
     "mean logprob": ("mean_logprob", 1.0),
-    "confidence (lowest group)": ("conf_lowest", 1.0),
-    "confidence (tail)": ("conf_tail", 1.0),
+    "confidence (lowest group)": ("confidence_lowest_group", 1.0),
+    "confidence (tail)": ("confidence_tail", 1.0),
+    "confidence (bottom 10%)": ("confidence_bottom10", 1.0),
+}
+
+#: DeepConf's confidence-weighted majority votes: name -> column; the weight of a candidate's
+#: answer is ``by_value.VOTE_WEIGHTS`` of the column (the confidence itself).
+WEIGHTED_VOTES = {
+    "confidence (lowest group) weighted vote": "confidence_lowest_group",
+    "confidence (tail) weighted vote": "confidence_tail",
+    "confidence (bottom 10%) weighted vote": "confidence_bottom10",
 }
 
 
@@ -97,8 +113,20 @@ def best_of(key: str) -> Selector:
     return outcome_of(choose_best(key))
 
 
+#: a column's value in :mod:`swift_fast.selection.by_value` (``swift_score`` is ``swift``)
+_VALUE_OF = {field: value for value, field in by_value.FIELD.items()}
+
+
+def vote_weight(key: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The weight a column's value gives its candidate's answer in a weighted vote: the value's
+    ``by_value.VOTE_WEIGHTS`` (the confidences themselves, ``sigmoid`` of SWIFT), ``sigmoid`` for
+    any other column; a missing value (NaN, which reaches the weight as ``-inf``) adds nothing."""
+    fn = by_value.VOTE_WEIGHTS.get(_VALUE_OF.get(key, ""), torch.sigmoid)
+    return lambda x: torch.where(x == float("-inf"), 0.0, fn(x))
+
+
 def choose_weighted(key: str) -> Chooser:
-    return lambda c, k: bon.weighted_vote(_answers(c, k), c.scores[key], k)
+    return lambda c, k: bon.weighted_vote(_answers(c, k), c.scores[key], k, weight=vote_weight(key))
 
 
 def weighted(key: str) -> Selector:
@@ -152,10 +180,12 @@ def signed(key: str, sign: float) -> Selector:
 
 
 def trivial_choosers(c: Candidates) -> dict[str, Chooser]:
-    """The trivial intrinsic selectors (:data:`TRIVIAL`) whose column ``c`` has (``gather(...,
-    signals=True)``), as choosers: longest, shortest, mean logprob, confidence (lowest group),
-    confidence (tail). Majority vote, the other trivial selector, is a standard row."""
-    return {name: choose_signed(key, sign) for name, (key, sign) in TRIVIAL.items() if key in c.scores}
+    """The trivial intrinsic selectors whose column ``c`` has (``gather(..., signals=True)``), as
+    choosers: :data:`TRIVIAL` (longest, shortest, mean logprob, the three confidences), then
+    :data:`WEIGHTED_VOTES`. Majority vote, the other trivial selector, is a standard row."""
+    rows = {name: choose_signed(key, sign) for name, (key, sign) in TRIVIAL.items() if key in c.scores}
+    rows.update({name: choose_weighted(key) for name, key in WEIGHTED_VOTES.items() if key in c.scores})
+    return rows
 
 
 def trivial_selectors(c: Candidates) -> dict[str, Selector]:
@@ -164,8 +194,10 @@ def trivial_selectors(c: Candidates) -> dict[str, Selector]:
 
 
 #: A score column's row name in every report (README, demo, ``bon``, ``eval``): the product's
-#: scores by their papers' names, any other column by its own.
-SELECTOR_NAMES = {"swift_score": "SWIFT", "sar": "SAR"}
+#: scores by their papers' names, the head-free values by their :data:`TRIVIAL` rows' names, any
+#: other column by its own.
+SELECTOR_NAMES = {"swift_score": "SWIFT", "sar": "SAR",
+                  **{key: name for name, (key, sign) in TRIVIAL.items() if key != "num_tokens"}}
 
 #: Rows that are not a score under test: the baselines and the bound.
 BASELINE_ROWS = ("random", "majority", "oracle pass@k")
@@ -182,6 +214,45 @@ def selector_key(name: str) -> str:
     name goes beside it (``name``)."""
     words = re.findall(r"[a-z0-9]+", name.lower().replace("@", " at "))
     return "_".join(words) or "selector"
+
+
+def selector_row(selector: str) -> str:
+    """The row of a :mod:`swift_fast.selection.by_value` selector (``swift-fast bon --select``,
+    the plugin's ``select``) in a report: ``"confidence_tail"`` -> "confidence (tail)",
+    ``"vote"`` -> "majority", ``"vote:confidence_tail"`` -> "confidence (tail) weighted vote",
+    ``"rank"`` -> "SWIFT+SAR rank". Raises ``by_value.SelectorError`` for an unknown name."""
+    kind, value = by_value.parse(selector)
+    if kind in by_value.COMBINATIONS:
+        return f"{selector_name('swift_score')}+{selector_name('sar')} {kind}"
+    if kind == "vote":
+        return "majority" if value is None else f"{selector_name(by_value.FIELD[value])} weighted vote"
+    return selector_name(by_value.FIELD[value])
+
+
+def selector_chooser(selector: str) -> Chooser:
+    """The chooser of a :mod:`swift_fast.selection.by_value` selector over a report's columns
+    (named as the rollouts name them: ``swift_score``, ``sar``, the head-free values)."""
+    kind, value = by_value.parse(selector)
+    if kind == "rank":
+        return choose_ranked("swift_score", "sar")
+    if kind == "scaled":
+        return choose_scaled("swift_score", "sar")
+    if kind == "vote":
+        return choose_majority if value is None else choose_weighted(by_value.FIELD[value])
+    return choose_best(by_value.FIELD[value])
+
+
+def with_selector(rows: dict[str, Selector], selector: str) -> dict[str, Selector]:
+    """``rows`` with the row of ``selector`` (:func:`selector_row`), added before the oracle when
+    the standard rows lack it (a vote weighted by SAR or by the mean log-prob)."""
+    name = selector_row(selector)
+    if name in rows:
+        return rows
+    out = {k: v for k, v in rows.items() if k != "oracle pass@k"}
+    out[name] = outcome_of(selector_chooser(selector))
+    if "oracle pass@k" in rows:
+        out["oracle pass@k"] = rows["oracle pass@k"]
+    return out
 
 
 def selector_keys(names: Sequence[str]) -> dict[str, str]:
@@ -334,9 +405,10 @@ PLOT_STYLES = {
 def plot_roles(t: Table, highlight: Sequence[str] = ("SWIFT",)) -> dict[str, str]:
     """Row -> its role in :func:`plot` (a key of :data:`PLOT_STYLES`): the first ``highlight`` row
     present is "score", further ones "score2"; the best trivial selector at the largest k
-    (:func:`best_trivial_row`) "best trivial"; oracle pass@k "oracle"; every other row "muted"."""
+    (:func:`best_trivial_row`, the score itself left out: a head-free headline is a trivial row)
+    "best trivial"; oracle pass@k "oracle"; every other row "muted"."""
     shown = [r for r in highlight if r in t.rows]
-    best = best_trivial_row(t)
+    best = best_trivial_row(t, exclude=shown[0] if shown else None)
     roles = {}
     for name in t.rows:
         roles[name] = ("score" if shown[:1] == [name] else "score2" if name in shown else
@@ -421,20 +493,24 @@ BOOTSTRAP_METHOD = "paired percentile bootstrap over problems, {reps} resamples"
 
 
 def selection_summary(c: Candidates, t: Table, score: str = "SWIFT", reps: int = 2000) -> dict:
-    """What a reader of a Best-of-N table needs at ``k = max(t.ks)``, for the row ``score``:
+    """What a reader of a Best-of-N table needs at ``k = max(t.ks)``, for the row ``score`` (the
+    headline: SWIFT with a head, else the selector the run chose, :func:`selector_row`):
 
     - the single-sample accuracy: per problem the mean correctness of its first k candidates
       (the expectation of one sample; the k=1 column is the first candidate alone), and the
       paired difference ``score@k`` minus it;
-    - the best trivial selector (majority vote and the :data:`TRIVIAL` rows present; the first
-      of the best on a tie) and the paired difference ``score@k`` minus it;
-    - the best score row (every row that is neither a baseline nor trivial) against majority;
+    - the best trivial selector other than ``score`` itself (:func:`trivial_rows`; the first of
+      the best on a tie) and the paired difference ``score@k`` minus it (None where the table
+      has no other);
+    - the best score row (every row that is neither a baseline nor trivial; ``score`` when there
+      is none, as in a report without a head) against majority;
     - how many candidates stopped at the length limit, and how many of those were graded
       correct (under the strict rule of ``swift_fast.grading``, those that completed a final
       answer statement before the limit).
 
     Differences carry a 95% paired percentile bootstrap interval over problems (``reps``
-    resamples, :func:`bootstrap_ci`)."""
+    resamples, :func:`bootstrap_ci`). The JSON keys keep their names whatever ``score`` is
+    (``swift_minus_single``: the headline minus a single sample)."""
     k = max(t.ks)
     if score not in t.rows:
         raise ValueError(f"no row {score!r} in the table (rows: {', '.join(t.rows)})")
@@ -444,7 +520,8 @@ def selection_summary(c: Candidates, t: Table, score: str = "SWIFT", reps: int =
     single = bon.random_pick(c.correct, k)
     d = t.outcomes[score][k] - single
     lo, hi = bootstrap_ci(d, reps=reps)
-    internal = [r for r in t.rows if r not in BASELINE_ROWS and r not in TRIVIAL]
+    trivial = trivial_rows(t)
+    internal = [r for r in t.rows if r not in BASELINE_ROWS and r not in trivial] or [score]
     best_internal = max(internal, key=lambda r: t.rows[r][k])
     keys = t.row_keys()
 
@@ -459,33 +536,39 @@ def selection_summary(c: Candidates, t: Table, score: str = "SWIFT", reps: int =
         "swift_minus_single": {"difference": d.mean().item(), "ci95": [lo, hi], "method": method},
         "best_internal": row(best_internal, accuracy=t.rows[best_internal][k]),
         "majority": t.rows["majority"][k],
-        "trivial": {keys[r]: {"name": r, "accuracy": t.rows[r][k]} for r in trivial_rows(t)},
+        "trivial": {keys[r]: {"name": r, "accuracy": t.rows[r][k]} for r in trivial},
     }
     truncated = c.truncated[:, :k] if c.truncated is not None else torch.zeros_like(c.correct[:, :k])
     out["candidates"] = int(c.correct[:, :k].numel())
     out["truncated"] = {"candidates": int(truncated.sum()), "graded_correct": int((truncated & c.correct[:, :k]).sum())}
-    best_trivial = best_trivial_row(t, k)
-    dt, dt_lo, dt_hi = t.difference_ci(score, best_trivial, k, reps=reps)
-    out["best_trivial"] = row(best_trivial, accuracy=t.rows[best_trivial][k])
-    out["swift_minus_best_trivial"] = row(best_trivial, difference=dt, ci95=[dt_lo, dt_hi], method=method)
+    best_trivial = best_trivial_row(t, k, exclude=score)
+    above = False
+    if best_trivial is None:
+        out["best_trivial"] = out["swift_minus_best_trivial"] = None
+    else:
+        dt, dt_lo, dt_hi = t.difference_ci(score, best_trivial, k, reps=reps)
+        out["best_trivial"] = row(best_trivial, accuracy=t.rows[best_trivial][k])
+        out["swift_minus_best_trivial"] = row(best_trivial, difference=dt, ci95=[dt_lo, dt_hi], method=method)
+        above = dt_lo > 0
     out["bar"] = {
         "swift_10_points_over_single": d.mean().item() >= 0.10 and lo > 0,
         "best_internal_at_least_majority": t.rows[best_internal][k] >= t.rows["majority"][k],
-        "swift_above_best_trivial": dt_lo > 0,
+        "swift_above_best_trivial": above,
     }
     return out
 
 
 def trivial_rows(t: Table) -> list[str]:
-    """The table's trivial selectors: the :data:`TRIVIAL` rows present, then majority vote."""
-    return [r for r in (*TRIVIAL, "majority") if r in t.rows]
+    """The table's trivial selectors: the :data:`TRIVIAL` rows present, the
+    :data:`WEIGHTED_VOTES` present, then majority vote."""
+    return [r for r in (*TRIVIAL, *WEIGHTED_VOTES, "majority") if r in t.rows]
 
 
-def best_trivial_row(t: Table, k: int | None = None) -> str | None:
-    """The trivial selector (:func:`trivial_rows`) with the highest accuracy at ``k`` (default the
-    largest), the first of the best on a tie; None when the table has none."""
+def best_trivial_row(t: Table, k: int | None = None, exclude: str | None = None) -> str | None:
+    """The trivial selector (:func:`trivial_rows`, but ``exclude``) with the highest accuracy at
+    ``k`` (default the largest), the first of the best on a tie; None when the table has none."""
     k = max(t.ks) if k is None else k
-    rows = trivial_rows(t)
+    rows = [r for r in trivial_rows(t) if r != exclude]
     return max(rows, key=lambda r: t.rows[r][k]) if rows else None
 
 
@@ -498,15 +581,17 @@ def summary_text(s: dict) -> str:
     """The lines under a table: the score against a single sample and against the best trivial
     selector, the best score row against majority, and the truncated candidates."""
     d = s["swift_minus_single"]
-    k, name, trivial = s["k"], s["score"]["name"], s["best_trivial"]["name"]
+    k, name = s["k"], s["score"]["name"]
     lines = [
         f"single-sample accuracy {100 * s['single_sample_accuracy']:.1f}% (mean over all {k} candidates of each "
         f"problem); {name}@{k} minus single sample {_points(d)} ({d['method']})",
-        f"best trivial selector at k={k}: {trivial} {100 * s['best_trivial']['accuracy']:.1f}%; "
-        f"{name}@{k} minus {trivial} {_points(s['swift_minus_best_trivial'])} (paired, same bootstrap)",
-        f"best score at k={k}: {s['best_internal']['name']} {100 * s['best_internal']['accuracy']:.1f}% vs "
-        f"majority {100 * s['majority']:.1f}%",
     ]
+    if s.get("best_trivial") is not None:
+        trivial = s["best_trivial"]["name"]
+        lines.append(f"best trivial selector at k={k}: {trivial} {100 * s['best_trivial']['accuracy']:.1f}%; "
+                     f"{name}@{k} minus {trivial} {_points(s['swift_minus_best_trivial'])} (paired, same bootstrap)")
+    lines.append(f"best score at k={k}: {s['best_internal']['name']} {100 * s['best_internal']['accuracy']:.1f}% vs "
+                 f"majority {100 * s['majority']:.1f}%")
     tr = s.get("truncated")
     if tr is not None:
         lines.append(

@@ -1,7 +1,14 @@
 """The candidates a Best-of-N report selects among, as matrices: their correctness, answers and
-score columns read from rollout problems (:func:`gather`), and the trivial intrinsic selectors'
+score columns read from rollout problems (:func:`gather`), and the head-free selectors'
 per-candidate signals (:data:`SIGNAL_FIELDS`), read from the rollouts or derived from the vLLM
 plugin's per-token trace.
+
+Two generations of head-free fields: the vLLM plugin gives every candidate ``mean_logprob`` and
+DeepConf's ``confidence_lowest_group``, ``confidence_tail`` and ``confidence_bottom10`` over the
+engine's ``confidence_window`` (``swift-fast bon`` writes them as they come); older rollouts, the
+demo's and ``swift_fast.hf.record_signals``' carry ``conf_lowest`` and ``conf_tail`` over a window
+of their own (:data:`TRACE_FIELDS`). A report reads the first and falls back to the second, per
+candidate (:data:`FALLBACK`), so that both kinds of file show the same rows.
 
 Apart from :mod:`swift_fast.reports.best_of_n` because reading and checking rollouts is one concern
 and choosing among the candidates another; the report re-exports every name here."""
@@ -102,29 +109,45 @@ def gather(
     )
 
 
+def field_of(c: dict, key: str) -> str:
+    """The field of candidate ``c`` that holds column ``key``: ``key`` itself, or its older name
+    (:data:`FALLBACK`) where ``c`` has only that."""
+    old = FALLBACK.get(key)
+    return old if old is not None and key not in c and old in c else key
+
+
 def _number(c: dict, key: str, p: Problem, i: int, loc: str) -> float:
+    key = field_of(c, key)
     v = c.get(key)
     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
         raise DataError(f"{loc}: problem {p.id!r} candidate {i}: score {key!r} must be a number or null, got {v!r}")
     return float("nan") if v is None else float(v)
 
 
-#: Per-candidate fields of the trivial intrinsic selectors (written by
-#: ``swift_fast.hf.record_signals``): generated token count, mean token log-prob under the
-#: model's own distribution, DeepConf's lowest-group and tail confidence (``swift_fast.rewards.confidence``).
-SIGNAL_FIELDS = ("num_tokens", "mean_logprob", "conf_lowest", "conf_tail")
+#: Per-candidate fields of the head-free selectors, by the names of the vLLM plugin's outputs
+#: (``swift_fast.selection.by_value.HEAD_FREE``): generated token count, mean token log-prob
+#: under the model's own distribution, DeepConf's lowest-group, tail and bottom-10% confidence
+#: (``swift_fast.rewards.confidence``).
+SIGNAL_FIELDS = ("num_tokens", "mean_logprob", "confidence_lowest_group", "confidence_tail", "confidence_bottom10")
+#: The fields :func:`trace_signals` and ``swift_fast.hf.record_signals`` write: DeepConf's
+#: confidences over the caller's window, under names of their own (the engine's are over its
+#: ``confidence_window``).
+TRACE_FIELDS = ("num_tokens", "mean_logprob", "conf_lowest", "conf_tail")
+#: A column's older field, read where a candidate lacks the column's own (module docstring).
+FALLBACK = {"confidence_lowest_group": "conf_lowest", "confidence_tail": "conf_tail"}
 
 def record_trace_signals(problems: Sequence[Problem], window: int) -> int:
-    """The :data:`SIGNAL_FIELDS` of every candidate that carries the vLLM plugin's per-token values
+    """The :data:`TRACE_FIELDS` of every candidate that carries the vLLM plugin's per-token values
     (``swift_trace``), written onto it (:func:`trace_signals`). Returns how many candidates got
     all four."""
     return sum(trace_signals(c, window) for p in problems for c in p.candidates)
 
 
 def trace_signals(c: dict, window: int) -> bool:
-    """Write a candidate's :data:`SIGNAL_FIELDS` from its ``swift_trace``: the same quantities
+    """Write a candidate's :data:`TRACE_FIELDS` from its ``swift_trace``: the same quantities
     ``swift_fast.hf.record_signals`` computes with a second forward, here free. ``mean_logprob``
-    needs the trace's ``logprob`` (SAR on). Whether all four were written."""
+    needs the trace's ``logprob`` (older traces carry it with SAR on only). Whether all four were
+    written."""
     from ..rewards.confidence import lowest_group, tail
 
     tr = c.get("swift_trace")
@@ -135,7 +158,7 @@ def trace_signals(c: dict, window: int) -> bool:
     c["conf_lowest"] = lowest_group(conf, window) if conf else None
     c["conf_tail"] = tail(conf, window) if conf else None
     lp = tr.get("logprob")
-    if lp is None:  # with SAR on only
+    if lp is None:  # an older trace without SAR
         return False
     c["mean_logprob"] = sum(lp) / len(lp) if lp else None
     return True
@@ -144,7 +167,8 @@ def trace_signals(c: dict, window: int) -> bool:
 def signal_columns(problems: Sequence[Problem], n: int, where: str = "") -> dict[str, torch.Tensor]:
     """Float64 ``[P, n]`` columns of the :data:`SIGNAL_FIELDS` that at least one of the first
     ``n`` candidates of a problem has (NaN where a candidate lacks it). ``num_tokens`` falls back
-    to ``len(token_ids)`` where a candidate has token ids but no such field."""
+    to ``len(token_ids)`` where a candidate has token ids but no such field; the confidences to
+    their older fields (:data:`FALLBACK`)."""
     out = {}
     for k in SIGNAL_FIELDS:
         rows = []

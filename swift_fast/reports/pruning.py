@@ -1,10 +1,12 @@
 """What pruning buys: Best-of-N with candidates stopped during generation beside full Best-of-N on
 the same problems, and a sweep of settings replayed on full runs' per-token values.
 
-Accuracy is BoN@N by SWIFT (DESIGN 2) over the candidates that were not pruned (a pruned one is
-picked only when every candidate of its problem was); the difference to full BoN@N is paired
-over problems with a percentile bootstrap interval (``report.bootstrap_ci``). Cost is generated
-tokens, summed over all candidates, pruned ones up to where they stopped.
+Accuracy is BoN@N by a selector (DESIGN 2; ``select``, a :mod:`swift_fast.selection.by_value`
+selector: SWIFT by default, a head-free one for a run without a head) over the candidates that
+were not pruned (a pruned one is picked only when every candidate of its problem was); the
+difference to full BoN@N is paired over problems with a percentile bootstrap interval
+(``report.bootstrap_ci``). Cost is generated tokens, summed over all candidates, pruned ones up
+to where they stopped.
 
 The sweep replays :func:`swift_fast.selection.pruning.replay` on the candidates of a full run that carry
 their per-token values (``swift_trace``: a run with ``trace`` on). With per-request seeds, a
@@ -29,9 +31,13 @@ import torch
 
 from ..data.datasets import DataError
 from ..data.rollouts import Problem
-from ..selection import bon
+from ..selection import bon, by_value
 from ..selection.pruning import SIGNALS, PruneConfig, replay, running_confidence, running_swift, signal_lag
-from .best_of_n import bootstrap_ci
+from .best_of_n import bootstrap_ci, selector_row
+from .candidates import field_of
+
+#: the signals that rank candidates by their running SWIFT score, which a run without a head lacks
+SWIFT_SIGNALS = ("swift", "combined")
 
 #: The sweep's baseline rows: the same policy ranking on a fresh random draw at every decision (the
 #: mean over :data:`RANDOM_DRAWS` draws): what any signal has to beat at its token budget.
@@ -91,24 +97,41 @@ def _check(problems: Sequence[Problem], n: int, where: str) -> None:
         raise DataError(f"{where}: {len(short)} problems have fewer than {n} candidates (first: {short[0]!r})")
 
 
+def picks(problems: Sequence[Problem], n: int, pruned: torch.Tensor, select: str = "swift") -> torch.Tensor:
+    """The candidate ``select`` picks in each problem (``[P]``), a pruned one only where all were:
+    a value's highest (:func:`swift_fast.selection.bon.bon_select`, all problems at once), any
+    other selector by :func:`swift_fast.selection.by_value.choose`, a vote on the graded answers."""
+    kind, value = by_value.parse(select)
+    if kind == "value":
+        return bon.bon_select(_matrix(problems, by_value.FIELD[value], n), n, pruned=pruned)
+    out = []
+    for p, row in zip(problems, pruned.tolist()):
+        cands = p.candidates[:n]
+        values = {f: [c.get(field_of(c, f)) for c in cands] for f in by_value.FIELD.values()}
+        answers = [None if c.get("answer") in (None, "") else str(c["answer"]) for c in cands]
+        out.append(by_value.choose(values, select, answers, eligible=[not x for x in row]))
+    return torch.tensor(out, dtype=torch.long)
+
+
 def outcome(problems: Sequence[Problem], n: int, pruned: torch.Tensor | None = None,
-            tokens: torch.Tensor | None = None, where: str = "rollouts") -> Outcome:
-    """BoN@n by ``swift_score`` of rollouts as they are (``pruned`` and ``tokens`` default to each
-    candidate's ``swift_pruned`` and ``len(token_ids)``), or as a replay says they would be."""
+            tokens: torch.Tensor | None = None, where: str = "rollouts", select: str = "swift") -> Outcome:
+    """BoN@n by ``select`` (:func:`picks`) of rollouts as they are (``pruned`` and ``tokens``
+    default to each candidate's ``swift_pruned`` and ``len(token_ids)``), or as a replay says
+    they would be."""
     _check(problems, n, where)
     if pruned is None:
         pruned = torch.tensor([[bool(c.get("swift_pruned")) for c in p.candidates[:n]] for p in problems])
     if tokens is None:
         tokens = torch.tensor([[len(c["token_ids"]) for c in p.candidates[:n]] for p in problems], dtype=torch.float64)
     correct = torch.tensor([[bool(c.get("correct")) for c in p.candidates[:n]] for p in problems])
-    pick = bon.bon_select(_matrix(problems, "swift_score", n), n, pruned=pruned)
+    pick = picks(problems, n, pruned, select)
     return Outcome(correct.gather(1, pick.view(-1, 1)).squeeze(1).double(), tokens.sum(1), pruned)
 
 
 def replayed(problems: Sequence[Problem], cfg: PruneConfig, n: int, where: str = "rollouts",
-             alignment: str = "predicting") -> Outcome:
-    """The outcome the policy ``cfg`` would give on full-run rollouts (with ``swift_trace``) scored by
-    a head of ``alignment``."""
+             alignment: str = "predicting", select: str = "swift") -> Outcome:
+    """The outcome by ``select`` the policy ``cfg`` would give on full-run rollouts (with
+    ``swift_trace``) scored by a head of ``alignment``."""
     _check(problems, n, where)
     lag = signal_lag(cfg, alignment)
     pruned, tokens = [], []
@@ -116,14 +139,14 @@ def replayed(problems: Sequence[Problem], cfg: PruneConfig, n: int, where: str =
         r = replay([signal_series(c, cfg, where) for c in p.candidates[:n]], cfg, lag)
         pruned.append(r.pruned)
         tokens.append(r.tokens)
-    return outcome(problems, n, torch.tensor(pruned), torch.tensor(tokens, dtype=torch.float64), where)
+    return outcome(problems, n, torch.tensor(pruned), torch.tensor(tokens, dtype=torch.float64), where, select)
 
 
 def replayed_random(problems: Sequence[Problem], cfg: PruneConfig, n: int, draws: int = RANDOM_DRAWS,
-                    alignment: str = "predicting") -> Outcome:
-    """The policy's timing and keep fractions with random ranks: the expected outcome over ``draws``
-    seeded draws (``correct`` and ``tokens`` are means; ``pruned`` is the first draw's), on the
-    timing of the SWIFT signal of a head of ``alignment``."""
+                    alignment: str = "predicting", select: str = "swift") -> Outcome:
+    """The policy's timing and keep fractions with random ranks: the expected outcome by ``select``
+    over ``draws`` seeded draws (``correct`` and ``tokens`` are means; ``pruned`` is the first
+    draw's), on the timing of the SWIFT signal of a head of ``alignment``."""
     _check(problems, n, "rollouts")
     cfg = PruneConfig(**{**cfg.to_dict(), "signal": "swift"})  # ranks one number per candidate
     lag = signal_lag(cfg, alignment)
@@ -135,14 +158,15 @@ def replayed_random(problems: Sequence[Problem], cfg: PruneConfig, n: int, draws
             r = replay([[rng.random() for _ in c["token_ids"]] for c in p.candidates[:n]], cfg, lag)
             pruned.append(r.pruned)
             tokens.append(r.tokens)
-        runs.append(outcome(problems, n, torch.tensor(pruned), torch.tensor(tokens, dtype=torch.float64)))
+        runs.append(outcome(problems, n, torch.tensor(pruned), torch.tensor(tokens, dtype=torch.float64),
+                            select=select))
     return Outcome(torch.stack([o.correct for o in runs]).mean(0), torch.stack([o.tokens for o in runs]).mean(0),
                    runs[0].pruned)
 
 
-def compare(full: Outcome, other: Outcome, reps: int = 2000) -> dict:
-    """``other`` against ``full`` on the same problems: accuracy and its paired difference with a
-    95% interval, tokens and their ratio."""
+def compare(full: Outcome, other: Outcome, reps: int = 2000, select: str = "swift") -> dict:
+    """``other`` against ``full`` on the same problems (both by ``select``): accuracy and its paired
+    difference with a 95% interval, tokens and their ratio."""
     d = other.correct - full.correct
     lo, hi = bootstrap_ci(d, reps=reps)
     return {
@@ -154,28 +178,30 @@ def compare(full: Outcome, other: Outcome, reps: int = 2000) -> dict:
         "full_tokens": full.total_tokens,
         "token_fraction": other.total_tokens / max(full.total_tokens, 1),
         "pruned_candidates": int(other.pruned.sum().item()),
-        "method": "BoN@N by SWIFT over unpruned candidates; paired percentile bootstrap over problems, "
-                  f"{reps} resamples",
+        "method": f"BoN@N by {selector_row(select)} over unpruned candidates; paired percentile bootstrap over "
+                  f"problems, {reps} resamples",
     }
 
 
 def sweep(problems: Sequence[Problem], n: int, base: PruneConfig | None = None, reps: int = 500,
           warmups: Sequence[int] = SWEEP_WARMUPS, keeps: Sequence[float] = SWEEP_KEEPS,
-          alignment: str = "predicting") -> list[dict]:
+          alignment: str = "predicting", select: str = "swift", head: bool = True) -> list[dict]:
     """Replay a grid of settings (every signal, and the :data:`RANDOM` baseline; ``every = warmup``;
     ``min_keep`` and ``window`` from ``base``) on full-run rollouts scored by a head of
-    ``alignment``; one row per setting with :func:`compare`'s fields."""
+    ``alignment``, Best-of-N by ``select``; one row per setting with :func:`compare`'s fields.
+    ``head`` False: rollouts without a head, no SWIFT signal (:data:`SWIFT_SIGNALS`)."""
     base = base or PruneConfig()
-    full = outcome(problems, n)
+    full = outcome(problems, n, select=select)
     rows = []
-    for signal in (*SIGNALS, RANDOM):
+    for signal in (*[s for s in SIGNALS if head or s not in SWIFT_SIGNALS], RANDOM):
         for w in warmups:
             for keep in keeps:
                 cfg = PruneConfig(signal="swift" if signal == RANDOM else signal, warmup=w, every=w, keep=keep,
                                   min_keep=base.min_keep, window=base.window)
-                run = (replayed_random(problems, cfg, n, alignment=alignment) if signal == RANDOM
-                       else replayed(problems, cfg, n, alignment=alignment))
-                rows.append({"settings": {**cfg.to_dict(), "signal": signal}, **compare(full, run, reps=reps)})
+                run = (replayed_random(problems, cfg, n, alignment=alignment, select=select) if signal == RANDOM
+                       else replayed(problems, cfg, n, alignment=alignment, select=select))
+                rows.append({"settings": {**cfg.to_dict(), "signal": signal},
+                             **compare(full, run, reps=reps, select=select)})
     return rows
 
 
@@ -198,10 +224,10 @@ def recommend(rows: Sequence[dict], max_drop: float = 0.01, signal: str = "swift
 
 
 def plot_sweep(rows: Sequence[dict], path: str, title: str = "Pruning during Best-of-N",
-               measured: Sequence[tuple[str, float, float]] = ()) -> str:
+               measured: Sequence[tuple[str, float, float]] = (), by: str = "SWIFT") -> str:
     """Accuracy against generated tokens (fraction of full Best-of-N) for each swept setting, one
     colour per signal, full Best-of-N at (1, its accuracy); ``measured``: ``(label, fraction,
-    accuracy)`` of engine runs, drawn as stars."""
+    accuracy)`` of engine runs, drawn as stars; ``by``: the row Best-of-N chooses by."""
     from .plotting import figure, save, titles
 
     fig, ax = figure(8.0, 5.0)
@@ -224,7 +250,7 @@ def plot_sweep(rows: Sequence[dict], path: str, title: str = "Pruning during Bes
     for label, x, y in measured:
         ax.scatter([x], [100 * y], marker="*", s=140, zorder=4, label=label, edgecolor="black")
     ax.set_xlabel("tokens generated, as a fraction of full Best-of-N")
-    ax.set_ylabel("Best-of-N accuracy, choosing by SWIFT (%)")
+    ax.set_ylabel(f"Best-of-N accuracy, choosing by {by} (%)")
     ax.set_xlim(0, 1.05)
     titles(fig, ax, title, "each dot: one pruning setting (warm-up, interval, share kept) replayed on the full "
            "run's per-token values; line: the best accuracy reached at each token budget; upper left is better")
@@ -253,7 +279,8 @@ def comparison_text(c: dict, n: int) -> str:
     ``seconds`` or None, ``sweep`` rows, ``plot`` path or None), with each signal's best swept
     setting at the pruned run's token budget (:func:`at_budget`)."""
     lines = [
-        f"pruning ({_settings_text(c['settings'])}), BoN@{n}:",
+        f"pruning ({_settings_text(c['settings'])}), BoN@{n}"
+        f"{' by ' + selector_row(c['select']) if c.get('select') else ''}:",
         "  " + summary_text(c["measured"], "pruned run"),
         "  " + summary_text(c["replayed"], "replayed on the full run"),
     ]
@@ -264,7 +291,10 @@ def comparison_text(c: dict, n: int) -> str:
     else:
         lines.append("  vLLM wall time: not compared (a run resumed from earlier output)")
     frac = c["measured"]["token_fraction"]  # the pruned run's budget: each signal at equal cost
+    swept = {r["settings"]["signal"] for r in c["sweep"]}  # without a head, no SWIFT signal was
     for signal, r in at_budget(c["sweep"], frac).items():
+        if signal not in swept:
+            continue
         what = "no swept setting" if r is None else summary_text(
             r, f"best {signal} setting ({_settings_text(r['settings'])})")
         lines.append(f"  at <= {100 * frac:.0f}% of the tokens, {signal}: {what}")

@@ -149,8 +149,10 @@ def _selection(request, fe, n: int | None) -> tuple[str | None, str | None, str 
     if n is None:
         asked = [k for k in ("select", "answer") if k in extra]
         if asked:
-            return None, None, (f"{' and '.join(asked)} choose{'s' if len(asked) == 1 else ''} among the candidates of "
-                                'best_of_n: ask for "best_of_n": N as well')
+            one = len(asked) == 1
+            return None, None, (f"{' and '.join(asked)} {'is' if one else 'are'} read by best_of_n only (how it picks "
+                                f'one of its candidates): ask for "best_of_n": N as well, or leave '
+                                f"{'it' if one else 'them'} out")
         return None, None, None
     select = extra.get("select", fe.cfg.select)
     kind = extra.get("answer", fe.cfg.answer)
@@ -241,7 +243,7 @@ async def _reduce(response, n: int, fe, select: str, kind: str | None, outputs: 
         # keeps serving other requests meanwhile
         answers = await asyncio.to_thread(extract_many, [_text(c) for c in choices], kind,
                                           finish_reasons=[c.finish_reason for c in choices])
-    if outputs is None or len(outputs) != len(choices):
+    if outputs is None or len(outputs) != len(choices) or any(o is None for o in outputs):
         outputs = None  # never expected: then the tokens come from what the choices say
     kept = []
     for g in range(0, len(choices), n):
