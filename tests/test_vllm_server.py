@@ -230,6 +230,39 @@ def test_bad_pruning_settings_are_a_400_naming_the_field(server, body, match):
         client.completions.create(model=path, prompt="2+2=", max_tokens=4, temperature=1.0, extra_body=body)
 
 
+def test_deepconf_in_waves_runs_through_the_async_server(server):
+    """DeepConf online through the server (body field ``deepconf``): the warmup runs to the end,
+    later waves are held back by the front end and submitted from the event loop, a stopped choice
+    ends at its crossing with finish_reason "pruned", and every choice says what happened to it."""
+    client, path, head, ref, _ = server
+    prompt = ref.prompt(TEXTS[1])
+    dc = {"warmup": 2, "percentile": 90, "window": 3, "wave": 2, "consensus": None}
+    r = client.completions.create(model=path, prompt=prompt, max_tokens=10, temperature=1.0, n=6, seed=4,
+                                  extra_body={"deepconf": dc, "return_token_ids": True, "ignore_eos": True})
+    choices = sorted(r.choices, key=lambda c: c.index)
+    info = [_extra(c, "deepconf") for c in choices]
+    assert [i["warmup"] for i in info] == [True, True, False, False, False, False]
+    assert all(i["stop"] is None and len(_extra(c, "token_ids")) == 10 for c, i in zip(choices[:2], info[:2]))
+    assert info[2]["threshold"] is not None and any(i["stop"] == "threshold" for i in info[2:])
+    for c, i in zip(choices[2:], info[2:]):
+        if i["stop"]:
+            assert c.finish_reason == "pruned" and len(_extra(c, "token_ids")) == i["crossing"] >= 3
+        else:
+            assert c.finish_reason == "length"
+    assert r.usage.completion_tokens == sum(len(_extra(c, "token_ids")) for c in choices)
+
+
+@pytest.mark.parametrize("body, match", [
+    ({"best_of_n": 4, "deepconf": {"warmup": 4}}, r"warmup = 4 .* n = 4"),
+    ({"best_of_n": 6, "deepconf": {"percentile": 101}}, r"deepconf: percentile"),
+    ({"best_of_n": 6, "deepconf": True, "prune": True}, "either by prune or by deepconf"),
+])
+def test_bad_deepconf_settings_are_a_400_naming_the_field(server, body, match):
+    client, path, *_ = server
+    with pytest.raises(openai.BadRequestError, match=match):
+        client.completions.create(model=path, prompt="2+2=", max_tokens=4, temperature=1.0, extra_body=body)
+
+
 def test_a_sar_pass_the_engine_refuses_answers_with_sar_null(server):
     """q0 + answer over max_model_len (256): the choice comes back at once, scored, with sar null."""
     client, path, head, ref, _ = server

@@ -30,7 +30,9 @@ they would change nothing.
 A ``"prune": {...}`` field (or ``true``) beside ``best_of_n``, or on a request with ``n > 1``,
 stops the weakest candidates while they are generated (:mod:`.pruning`); a pruned choice has
 ``finish_reason`` ``"pruned"`` and ``swift_pruned`` true, and is never the one ``best_of_n``
-returns while any candidate finished.
+returns while any candidate finished. A ``"deepconf": {...}`` field (or ``true``) runs DeepConf
+online on the request's candidates instead (:mod:`.deepconf`); each choice then says what
+happened to it in ``deepconf`` (``{"warmup", "threshold", "stop", "crossing", "early", "share"}``).
 
 ``usage`` counts all ``N`` candidates' tokens: they were all generated, and so does
 ``best_of_n.tokens`` per prompt (each candidate's ``token_ids``, head or not). ``best_of_n`` is
@@ -86,6 +88,9 @@ def choice_fields(output, sar: bool) -> dict:
          "swift_weight_versions": getattr(output, "swift_weight_versions", None)}
     for name in HEAD_FREE:
         d[name] = _num(getattr(output, name, None))
+    dc = getattr(output, "deepconf", None)
+    if dc is not None:  # a DeepConf online request's candidate: what happened to it
+        d["deepconf"] = {k: (_num(v) if k in ("threshold", "share") else v) for k, v in dc.items()}
     if sar:
         d["sar"] = _num(getattr(output, "sar", None))
         d["sar_context"] = getattr(output, "sar_context", None)
@@ -169,28 +174,31 @@ def _selection(request, fe, n: int | None) -> tuple[str | None, str | None, str 
     return select, kind if needs(select).answers else None, None
 
 
-def _move_prune(request, fe, n: int) -> str | None:
-    """The ``prune`` body field into flat ``vllm_xargs`` keys (``vllm_xargs`` cannot carry an
-    object); the error message when a setting is bad or the request has one candidate."""
+def _move_stopping(request, fe, n: int) -> str | None:
+    """The ``prune`` and ``deepconf`` body fields into flat ``vllm_xargs`` keys (``vllm_xargs``
+    cannot carry an object); the error message when a setting is bad, the request has too few
+    candidates, or it names both."""
+    from ..selection.deepconf import DeepConfConfig, DeepConfConfigError
     from ..selection.pruning import PruneConfig, PruneConfigError
-    from .pruning import FLAT, resolve
 
     extra = getattr(request, "model_extra", None) or {}
     xargs = dict(request.vllm_xargs or {})
     try:
-        if "prune" in extra:
-            given = extra["prune"]
-            PruneConfig.parse(given, where="prune", base=fe.cfg.prune)  # errors name the body's own fields
-            if isinstance(given, dict):
-                xargs.update({f"{FLAT}_{k}": v for k, v in given.items()})
-                xargs[FLAT] = 1
-            elif isinstance(given, bool):
-                xargs[FLAT] = int(given)
-        cfg = resolve(_Params(xargs, n), fe.cfg.prune)
-    except PruneConfigError as e:
+        for name, cls, base in (("prune", PruneConfig, fe.cfg.prune), ("deepconf", DeepConfConfig, fe.cfg.deepconf)):
+            if name in extra:
+                given = extra[name]
+                cls.parse(given, where=name, base=base)  # errors name the body's own fields
+                flat = f"swift_fast_{name}"
+                if isinstance(given, dict):
+                    xargs.update({f"{flat}_{k}": v for k, v in given.items()})
+                    xargs[flat] = 1
+                elif isinstance(given, bool):
+                    xargs[flat] = int(given)
+        cfg, dc = fe.pruner.resolve_both(_Params(xargs, n))
+    except (PruneConfigError, DeepConfConfigError) as e:
         return str(e)
-    if cfg is not None and getattr(request, "use_beam_search", False):
-        return "prune stops sampled candidates, and beam search samples none: drop one of the two"
+    if (cfg is not None or dc is not None) and getattr(request, "use_beam_search", False):
+        return "prune and deepconf stop sampled candidates, and beam search samples none: drop one of the two"
     request.vllm_xargs = xargs or request.vllm_xargs
     return None
 
@@ -283,7 +291,7 @@ def _with_best_of_n(orig):
         select = kind = None
         if err is None:
             select, kind, err = _selection(request, fe, n)
-        err = err or _move_sar_context(request, fe) or _move_prune(request, fe, n or request.n or 1)
+        err = err or _move_sar_context(request, fe) or _move_stopping(request, fe, n or request.n or 1)
         if err:
             return self.create_error_response(err)
         if n is None:
@@ -303,7 +311,7 @@ def _with_best_of_n(orig):
 
 
 #: body fields of the plugin's that only the scored endpoints understand
-_PLUGIN_FIELDS = ("best_of_n", "select", "answer", "sar_context", "prune")
+_PLUGIN_FIELDS = ("best_of_n", "select", "answer", "sar_context", "prune", "deepconf")
 
 
 def _refuse_plugin_fields(orig, endpoint: str, in_body: bool = False):
@@ -364,7 +372,7 @@ def install_serving() -> None:
     - completions (:func:`_patch_completions`), then chat (:func:`_patch_chat`): each choice of a
       full response gets :func:`choice_fields`, and so does each choice's final chunk in a streamed
       one (:func:`_rewrite_sse`); ``create_completion`` and ``create_chat_completion`` check the
-      body's ``select`` and ``answer``, move its ``sar_context`` and ``prune`` into ``vllm_xargs``
+      body's ``select`` and ``answer``, move its ``sar_context``, ``prune`` and ``deepconf`` into ``vllm_xargs``
       and serve ``best_of_n`` (:func:`_with_best_of_n`), answering 400, naming the field, when one
       of them is bad;
     - the endpoints without values (:func:`_patch_unscored_endpoints`): the chat batch,
