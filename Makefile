@@ -36,6 +36,9 @@ demo: $(STAMP)
 real-model: $(STAMP)
 	$(VENV)/bin/swift-fast demo real
 
+# the kernels' suites; vLLM generation is timed by scripts, minutes each (their docstrings have the
+# recorded commands): bench/bench_vllm_throughput.py (plugin on/off), bench/bench_head_free.py
+# (head-free values against plain vLLM and logprobs=20), e.g. $(PY) bench/bench_head_free.py --eager
 bench: $(STAMP)
 	$(PY) -m pytest -q bench --benchmark-only
 

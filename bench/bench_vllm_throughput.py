@@ -19,7 +19,9 @@ ratio to the ``predicting`` engine's, with the tokens those passes recomputed pe
 ``--trace`` adds an engine with the same head whose requests ask for their per-token values
 (``trace``, as ``swift-fast bon`` does for its trivial selectors: each sampled row's DeepConf
 confidence, a top-k and a logsumexp over the vocabulary): its throughput is reported as a ratio
-to the untraced engine's. That cost grows with the vocabulary: ``--vocab`` sets it.
+to the untraced engine's. That cost grows with the vocabulary: ``--vocab`` sets it (above 512, the
+random Llama gets a byte-level BPE tokenizer of exactly that many tokens, trained on a synthetic
+corpus: ``large_vocab_llama``).
 
 The model is a random-weight Llama built locally (``swift_fast.testing``), size set by
 ``--hidden``/``--layers``; its parameter count is printed. vLLM's default settings apply
@@ -66,11 +68,15 @@ def build(args, root: str) -> tuple[str, str, int]:
         from swift_fast.hf.gguf import resolve_model
 
         path = resolve_model(args.model)  # a .gguf file is converted once, then read from the cache
-    else:
+    elif args.vocab <= TINY_CORPUS_VOCAB:
         path = build_tiny_model("llama", os.path.join(root, f"llama-{args.hidden}x{args.layers}-v{args.vocab}"),
                                 num_layers=args.layers, hidden_size=args.hidden, intermediate_size=args.hidden * 4,
                                 num_key_value_heads=2, vocab_size=args.vocab)
+    else:
+        path = large_vocab_llama(args, os.path.join(root, f"llama-{args.hidden}x{args.layers}-v{args.vocab}-bpe"))
     cfg = AutoConfig.from_pretrained(path)
+    if not args.model and cfg.vocab_size != args.vocab:
+        print(f"note: the model's vocabulary has {cfg.vocab_size} tokens, not the {args.vocab} asked for", flush=True)
     args.hidden, args.layers, args.vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
     torch.manual_seed(0)
     head = SwiftHead(cfg.hidden_size, layers=list(range(cfg.num_hidden_layers + 1)))
@@ -84,6 +90,40 @@ def build(args, root: str) -> tuple[str, str, int]:
     with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
         params = sum(_prod(f.get_slice(k).get_shape()) for k in f.keys())
     return path, hp, params
+
+
+#: the largest vocabulary ``swift_fast.testing``'s own tokenizer corpus gives exactly (it stops at ~570)
+TINY_CORPUS_VOCAB = 512
+
+
+def large_vocab_llama(args, path: str) -> str:
+    """The random Llama of ``--hidden``/``--layers`` with a byte-level BPE tokenizer of exactly
+    ``--vocab`` tokens, trained on a synthetic corpus (random letter strings, seeded) large enough to
+    give that many merges: the tests' small corpus stops at a few hundred tokens."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from swift_fast.testing import build_tokenizer, tiny_config
+
+    if os.path.exists(os.path.join(path, "model.safetensors")):
+        return path
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+             for _ in range(2 * args.vocab)]
+    corpus = [" ".join(rng.choice(words) for _ in range(200)) for _ in range(max(1000, args.vocab // 10))]
+    tok = build_tokenizer("llama", vocab_size=args.vocab, corpus=corpus)
+    cfg = tiny_config("llama", len(tok), num_layers=args.layers, hidden_size=args.hidden,
+                      intermediate_size=args.hidden * 4, num_key_value_heads=2)
+    cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                               pad_token_id=tok.pad_token_id)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
 
 
 def _prod(shape) -> int:

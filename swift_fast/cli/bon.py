@@ -49,6 +49,14 @@ BoN@N by the headline selector with the paired 95% interval of the difference, a
 accuracy against tokens for a sweep of settings of every signal the run has (SWIFT's running score
 with --head, DeepConf's confidence, both), replayed on the full run's per-token values. The pruned
 run's record includes the pruning settings: a rerun resumes it only with the same.
+
+--deepconf [SETTINGS] also runs Best-of-N with DeepConf online (the plugin's: the first `warmup`
+candidates of a problem set a threshold at `percentile` of their lowest group confidence, later
+ones stop at the first `window` below it, and with a consensus of the finished candidates'
+answers the problem stops; settings warmup, percentile, window, consensus, wave, signal, defaults
+in `swift_fast.selection.deepconf.DeepConfConfig`), into <out>.deepconf.jsonl, and reports its
+tokens, vLLM wall time and BoN@N (by the headline selector and by DeepConf's confidence-weighted
+vote) beside the full run's, with how many decisions a replay on the full run reproduces.
 """
 
 EXAMPLES = """\
@@ -63,6 +71,7 @@ examples:
   swift-fast bon --model M --head H --data gsm8k --n 16 --data-parallel-size 2   # two engines
   swift-fast bon --model M --head H --data gsm8k --n 16 --pipeline-parallel-size 2   # layers over two workers
   swift-fast bon --model M --head H --data gsm8k --n 16 --prune signal=swift,warmup=64,every=64,keep=0.5
+  swift-fast bon --model M --data gsm8k --n 16 --deepconf window=64,wave=4   # DeepConf online, no head
 """
 
 
@@ -85,6 +94,9 @@ def add_parser(sub, name, help_):
     p.add_argument("--prune", nargs="?", const="{}", metavar="SETTINGS",
                    help="also run Best-of-N with pruning during generation and compare (see above); SETTINGS as "
                         'JSON (\'{"keep": 0.5}\') or key=value,key=value (default: the defaults)')
+    p.add_argument("--deepconf", nargs="?", const="{}", metavar="SETTINGS",
+                   help="also run Best-of-N with DeepConf online and compare (see above); SETTINGS as JSON or "
+                        "key=value,key=value, e.g. percentile=90,window=64 (default: the defaults)")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the intervals (default 2000)")
     options.add_no_progress(p)
     options.add_overwrite(p)
@@ -95,6 +107,7 @@ def bon_config(args):
     """The ``BonConfig`` of the parsed options."""
     from ..jobs.bon import BonConfig
     from ..rewards.confidence import DEFAULT_WINDOW
+    from ..selection.deepconf import parse_text as deepconf_text
     from ..selection.pruning import parse_text
 
     window = DEFAULT_WINDOW if args.confidence_window is None else args.confidence_window
@@ -102,6 +115,7 @@ def bon_config(args):
         collect=options.collect_config(args), engine=options.engine_config(args), sar=bool(args.sar),
         select=args.select, confidence_window=window,
         prune=parse_text(args.prune, "--prune") if args.prune is not None else None, kind=args.kind,
+        deepconf=deepconf_text(args.deepconf, "--deepconf") if args.deepconf is not None else None,
         limit=args.limit, ks=[int(x) for x in args.ks.split(",")] if args.ks else None, bootstrap=args.bootstrap,
         plot=args.plot != "none", plot_path=args.plot if args.plot != "none" else None, summary_path=args.json,
         progress=not args.no_progress, verbose=args.verbose,
@@ -121,7 +135,7 @@ def show_table(result) -> None:
 def run(args) -> int:
     from ..data.datasets import DataError
     from ..jobs.bon import run_bon
-    from ..reports.pruning import comparison_text
+    from ..reports.pruning import comparison_text, deepconf_text
     from ..rewards.head import HeadError
     from ..vllm_plugin.surface import VllmSurfaceError
 
@@ -136,6 +150,8 @@ def run(args) -> int:
         return 2
     if result.prune is not None:
         print("\n" + comparison_text(result.prune, args.n))
+    if result.deepconf is not None:
+        print("\n" + deepconf_text(result.deepconf, args.n))
     stats = result.stats
     print(f"rollouts: {result.out} ({stats['written']} problems generated, {stats['skipped_done']} already there)")
     print(f"summary: {result.summary_path}")

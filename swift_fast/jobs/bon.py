@@ -26,6 +26,7 @@ Files, ``<base>`` being ``out`` without its extension:
 ``<base>.pruned.jsonl``  with pruning: the pruned run, on the same problems with the same seeds
                          (its record ``<base>.pruned.run.json``)
 ``<base>.prune.png``     with pruning: accuracy against tokens of the sweep, the pruned run a star
+``<base>.deepconf.jsonl``  with DeepConf online: its run, on the same problems with the same seeds
 =======================  =========================================================================
 
 Every run is traced (``plugin_args["trace"]``): its per-token values come back with each
@@ -36,6 +37,15 @@ generated. Both runs are traced, so their vLLM wall times differ by the pruning 
 run keeps its per-token values (``swift_trace``) for the sweep, which replays a grid of settings
 on them (``swift_fast.reports.pruning``; without a head, the signals that need none). Both runs
 are compared by the headline selector.
+
+DeepConf online (``BonConfig.deepconf``): one more run, each problem's candidates stopped by the
+plugin's DeepConf online (:mod:`swift_fast.vllm_plugin.deepconf`), compared with the full run as
+the pruned run is (tokens, vLLM wall time, BoN@N by the headline selector with the paired
+interval, and by DeepConf's own confidence-weighted vote), and its decisions replayed on the full
+run's per-token values and graded answers (:func:`swift_fast.selection.deepconf.replay`): the
+share of candidates whose fate the replay reproduces. The engine extracts answers for its
+consensus stop with the run's grading kind (the plugin's ``answer``), so the replay's answers are
+the graded ones.
 
 A run resumes a rollout file only when the file is of the same run: the same model, head (or
 none), data, prompts, sampling, grading, engine settings and plugin settings (the pruned run's
@@ -64,6 +74,7 @@ from ..selection.by_value import (
     needs,
     parse,
 )
+from ..selection.deepconf import DeepConfConfig
 from ..selection.pruning import PruneConfig
 from .collect import CollectConfig, collect, pending
 from .engine import EngineConfig, VLLMEngine, make_engine, parallel_kwargs
@@ -117,6 +128,8 @@ class ScoredVLLMEngine(VLLMEngine):
             c["swift_score"] = out.swift_score
             c["swift_tokens"] = out.swift_tokens
         c["swift_pruned"] = bool(getattr(out, "swift_pruned", False))
+        if getattr(out, "deepconf", None) is not None:
+            c["deepconf"] = dict(out.deepconf)
         c["num_tokens"] = len(c["token_ids"])
         for name in HEAD_FREE:
             c[name] = getattr(out, name, None)
@@ -147,6 +160,8 @@ class BonConfig:
     confidence_window: int = DEFAULT_WINDOW
     #: also run Best-of-N with this pruning during generation, and compare (None: no pruned run)
     prune: PruneConfig | None = None
+    #: also run Best-of-N with DeepConf online, and compare (None: no DeepConf run)
+    deepconf: DeepConfConfig | None = None
     #: grading kind for every problem (None: each problem's, from the dataset)
     kind: str | None = None
     #: first ``limit`` problems only (None: all)
@@ -187,6 +202,12 @@ class BonResult:
     summary_path: str | None = None
     run: RunRecord | None = None  # the full run's record (:mod:`.run_record`)
     pruned_run: RunRecord | None = None  # the pruned run's (with pruning)
+    deepconf_out: str | None = None  # the DeepConf run's rollout file (with DeepConf)
+    deepconf_stats: dict | None = None
+    deepconf_seconds: float | None = None
+    deepconf_run: RunRecord | None = None
+    #: the DeepConf run beside the full one: settings, measured, by_vote, replay agreement, seconds
+    deepconf: dict | None = None
 
 
 def headline(head: str | None, config: BonConfig) -> str:
@@ -246,17 +267,29 @@ def run_bon(model: str, head: str | None, data: str, out: str | os.PathLike | No
         raise ValueError("--prune stops the weakest of each problem's candidates: it needs --n 2 or more")
     if config.prune is not None:
         check_prune(config.prune, Available(head=head is not None, sar=config.sar, answers=True), where="--prune")
-    result = BonResult(out=out, pruned_out=base + ".pruned.jsonl" if config.prune is not None else None)
+    dc = config.deepconf
+    if dc is not None and n <= dc.warmup:
+        raise ValueError(f"--deepconf runs warmup = {dc.warmup} candidates to the end and stops later ones: it needs "
+                         f"--n above {dc.warmup}")
+    if dc is not None and dc.signal == "swift" and head is None:
+        raise ValueError("--deepconf signal=swift thresholds the running SWIFT score: it needs --head")
+    answer = _answer_kind(config, examples) if dc is not None and dc.consensus is not None else None
+    result = BonResult(out=out, pruned_out=base + ".pruned.jsonl" if config.prune is not None else None,
+                       deepconf_out=base + ".deepconf.jsonl" if dc is not None else None)
     # the plugin's settings are part of each run's record, and read back from it
-    full = {"trace": True, "prune": False} if config.prune is not None else {"trace": True}
+    stopping = config.prune is not None or dc is not None
+    full = {"trace": True, "prune": False} if stopping else {"trace": True}
     result.run = build(model, data, replace(config.collect, plugin_args=full), engine, kind=config.kind, head=head,
-                       sar=bool(config.sar), plugin=plugin_settings(config))
+                       sar=bool(config.sar), plugin=plugin_settings(config, answer))
     runs = [(out, result.run, "the full run")]
     if config.prune is not None:
         result.pruned_run = result.run.with_request({"trace": True, "prune": config.prune.to_dict()})
         runs.append((result.pruned_out, result.pruned_run, "the pruned run"))
+    if dc is not None:
+        result.deepconf_run = result.run.with_request({"trace": True, "deepconf": dc.to_dict()})
+        runs.append((result.deepconf_out, result.deepconf_run, "the DeepConf run"))
     prepare(runs, overwrite)  # before the engine starts: a refusal costs nothing
-    _generate(model, head, examples, engine, config, result)
+    _generate(model, head, examples, engine, config, result, answer)
     ids = {str(ex.id) for ex in examples}
     problems = [p for p in read_rollouts(out) if p.id in ids]
     result.table, result.summary = _table(problems, out, config, head is not None, select)
@@ -269,52 +302,83 @@ def run_bon(model: str, head: str | None, data: str, out: str | os.PathLike | No
     if config.prune is not None:
         result.prune = _prune_comparison(problems, ids, result, config, alignment, select, head is not None)
         result.prune["run"] = result.pruned_run.sidecar()
+    if dc is not None:
+        result.deepconf = _deepconf_comparison(problems, ids, result, config, select, answer)
+        result.deepconf["run"] = result.deepconf_run.sidecar()
     result.summary_path = report.save_json(
         result.table, config.summary_path or base + ".summary.json", summary=result.summary, model=model,
         head=os.path.abspath(head) if head is not None else None, select=select, data=str(data), n=n,
         rollouts=os.path.abspath(out), generated=result.stats["written"], resumed=result.stats["skipped_done"],
         run=result.run.sidecar(), **({"prune": result.prune} if result.prune is not None else {}),
+        **({"deepconf": result.deepconf} if result.deepconf is not None else {}),
     )
     return result
 
 
-def plugin_settings(config: BonConfig) -> dict:
-    """The plugin's engine settings of a run but the head and SAR: those not at their default."""
+def plugin_settings(config: BonConfig, answer: str | None = None) -> dict:
+    """The plugin's engine settings of a run but the head and SAR: those not at their default, and
+    the kind of answer the engine extracts for DeepConf's consensus stop."""
     window = int(config.confidence_window)
-    return {"confidence_window": window} if window != DEFAULT_WINDOW else {}
+    out = {"confidence_window": window} if window != DEFAULT_WINDOW else {}
+    if answer is not None:
+        out["answer"] = answer
+    return out
+
+
+def _answer_kind(config: BonConfig, examples) -> str | None:
+    """The grading kind the engine extracts answers with for DeepConf's consensus: the run's, else
+    the problems' own when they share one (else None: no consensus stop, said)."""
+    if config.kind is not None:
+        return config.kind
+    kinds = {getattr(ex, "kind", None) for ex in examples}
+    if len(kinds) == 1 and None not in kinds:
+        return kinds.pop()
+    import logging
+
+    logging.getLogger("swift_fast").warning(
+        "--deepconf: the problems are of several answer kinds %s: the engine extracts none, so no group stops on "
+        "consensus (give --kind to use one)", sorted(str(k) for k in kinds))
+    return None
 
 
 def _generate(model: str, head: str | None, examples, engine_cfg: EngineConfig, config: BonConfig,
-              result: BonResult) -> None:
-    """The full run into ``result.out`` and, with pruning, the pruned run into ``result.pruned_out``,
-    on one engine (none when both are complete); their counts and vLLM wall times into ``result``."""
+              result: BonResult, answer: str | None = None) -> None:
+    """The full run into ``result.out`` and, with pruning, the pruned run into ``result.pruned_out``
+    (with DeepConf, its run into ``result.deepconf_out``), on one engine (none when all are complete);
+    their counts and vLLM wall times into ``result``."""
     from ..support.engine_logs import quiet_engine
 
     prune = config.prune
-    runs = [(result.out, result.run)] + ([(result.pruned_out, result.pruned_run)] if prune is not None else [])
-    needed = any(pending(examples, out) for out, _ in runs)
+    runs = [(result.out, result.run, "full")]
+    if prune is not None:
+        runs.append((result.pruned_out, result.pruned_run, "pruned"))
+    if config.deepconf is not None:
+        runs.append((result.deepconf_out, result.deepconf_run, "deepconf"))
+    needed = any(pending(examples, out) for out, _, _ in runs)
     log = os.path.splitext(result.out)[0] + ".vllm.log"
     with quiet_engine(log, verbose=config.verbose) if needed else contextlib.nullcontext():
         engine = None
         if needed:
             plugin = {**({"head": head} if head is not None else {}), "sar": bool(config.sar),
-                      **plugin_settings(config)}
+                      **plugin_settings(config, answer)}
             engine = make_engine(model, engine_cfg, seed=config.collect.seed, vllm_engine=ScoredVLLMEngine,
                                  plugin=plugin)
             engine.has_head = head is not None
         try:
-            for pruned, (out, run) in enumerate(runs):
+            for out, run, which in runs:
                 if engine is not None:
-                    # with pruning both runs are traced, so their times differ by the pruning alone,
-                    # and the full run keeps its per-token values for the sweep
-                    engine.seconds, engine.keep_trace = 0.0, prune is not None and not pruned
+                    # every run is traced, so their times differ by the stopping alone, and the full
+                    # run keeps its per-token values for the sweep and the replays
+                    engine.seconds, engine.keep_trace = 0.0, which == "full" and len(runs) > 1
                 cfg = replace(config.collect, plugin_args=run.record["plugin"]["request"])
+                desc = {"full": "generate", "pruned": "generate, pruned", "deepconf": "generate, DeepConf"}[which]
                 stats = collect(engine, getattr(engine, "tokenizer", None), examples, out, cfg,
-                                progress=config.progress, model_name=model,
-                                desc="generate, pruned" if pruned else "generate", run=run)
+                                progress=config.progress, model_name=model, desc=desc, run=run)
                 seconds = engine.seconds if engine is not None else 0.0
-                if pruned:
+                if which == "pruned":
                     result.pruned_stats, result.pruned_seconds = stats, seconds
+                elif which == "deepconf":
+                    result.deepconf_stats, result.deepconf_seconds = stats, seconds
                 else:
                     result.stats, result.seconds = stats, seconds
         finally:
@@ -372,3 +436,54 @@ def _prune_comparison(problems, ids: set[str], result: BonResult, config: BonCon
     return {"settings": prune.to_dict(), "select": select, "measured": measured, "replayed": predicted,
             "seconds": {"full": result.seconds, "pruned": result.pruned_seconds} if timed else None,
             "rollouts": os.path.abspath(result.pruned_out), "sweep": rows, "plot": path}
+
+
+#: DeepConf's own final answer: the vote weighted by each candidate's lowest group confidence
+DEEPCONF_VOTE = "vote:confidence_lowest_group"
+
+
+def _deepconf_comparison(problems, ids: set[str], result: BonResult, config: BonConfig, select: str,
+                         answer: str | None) -> dict:
+    """The DeepConf run against the full one: tokens, BoN@N by ``select`` and by DeepConf's own
+    vote (paired intervals), vLLM wall time, and how many candidates' fates the policy replayed on
+    the full run's per-token values and graded answers reproduces."""
+    from ..data.rollouts import read_rollouts
+    from ..reports import pruning as pr
+    from ..selection.deepconf import replay
+
+    n, dc, reps = config.collect.n, config.deepconf, config.bootstrap
+    runs = {p.id: p for p in read_rollouts(result.deepconf_out) if p.id in ids}
+    dc_problems = [runs[p.id] for p in problems if p.id in runs]
+    if len(dc_problems) != len(problems):
+        raise ValueError(f"{result.deepconf_out}: {len(problems) - len(dc_problems)} problems of the full run are "
+                         "missing")
+    where = os.path.abspath(result.out)
+    measured = {}
+    for name, how in (("measured", select), ("by_vote", DEEPCONF_VOTE)):
+        measured[name] = pr.compare(pr.outcome(problems, n, where=where, select=how),
+                                    pr.outcome(dc_problems, n, where=result.deepconf_out, select=how), reps=reps,
+                                    select=how)
+    agree = total = 0
+    stops = {"threshold": 0, "consensus": 0}
+    for full, run in zip(problems, dc_problems):
+        cands = full.candidates[:n]
+        traces = [c.get("swift_trace") or {} for c in cands]
+        if dc.signal == "swift":
+            from ..selection.pruning import running_swift
+
+            signals = [running_swift(t.get("gate_reward", []), t.get("gate", [])) for t in traces]
+        else:
+            signals = [t.get("confidence", []) for t in traces]
+        got = [(c.get("deepconf") or {}).get("stop") for c in run.candidates[:n]]
+        early = [i for i, c in enumerate(run.candidates[:n]) if (c.get("deepconf") or {}).get("early")]
+        want = replay(signals, dc, [c.get("answer") for c in cands] if answer is not None else None, early=early)
+        agree += sum(a == b for a, b in zip(got, want.stopped))
+        total += len(got)
+        for s in got:
+            if s in stops:
+                stops[s] += 1
+    timed = result.stats["written"] == len(problems) and result.deepconf_stats["written"] == len(problems)
+    return {"settings": dc.to_dict(), "select": select, "answer": answer, **measured,
+            "stopped": stops, "replay_agreement": agree / max(total, 1), "replayed_candidates": total,
+            "seconds": {"full": result.seconds, "deepconf": result.deepconf_seconds} if timed else None,
+            "rollouts": os.path.abspath(result.deepconf_out)}

@@ -301,3 +301,21 @@ def comparison_text(c: dict, n: int) -> str:
     if c["plot"] is not None:
         lines.append(f"  plot: {c['plot']}")
     return "\n".join(lines)
+
+
+def deepconf_text(c: dict, n: int) -> str:
+    """Lines for people of a DeepConf online run beside the full one (``swift_fast.jobs.bon``'s
+    comparison, the summary JSON's ``deepconf``)."""
+    lines = [f"DeepConf online ({_settings_text(c['settings'])}), BoN@{n}:",
+             "  " + summary_text(c["measured"], f"by {selector_row(c['select'])}"),
+             "  " + summary_text(c["by_vote"], "by DeepConf's confidence-weighted vote"),
+             f"  stopped: {c['stopped']['threshold']} candidates below the threshold, {c['stopped']['consensus']} "
+             f"by consensus{'' if c.get('answer') else ' (no answer kind: no consensus stop)'}; the replay on the "
+             f"full run reproduces {100 * c['replay_agreement']:.1f}% of {c['replayed_candidates']} decisions"]
+    s = c["seconds"]
+    if s is not None:
+        lines.append(f"  vLLM wall time: full {s['full']:.1f} s, DeepConf {s['deepconf']:.1f} s "
+                     f"({100 * s['deepconf'] / max(s['full'], 1e-9):.0f}% of the full run's)")
+    else:
+        lines.append("  vLLM wall time: not compared (a run resumed from earlier output)")
+    return "\n".join(lines)

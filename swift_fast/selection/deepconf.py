@@ -52,7 +52,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Hashable, Sequence
 
-from .settings import parse_settings
+from .settings import parse_settings, settings_text
 
 SIGNALS = ("confidence", "swift")
 #: settings of a :class:`DeepConfConfig`, in the order ``--help`` and error messages list them
@@ -98,6 +98,13 @@ class DeepConfConfig:
         arrive as strings ("0.9"); they are read as numbers."""
         return parse_settings(cls, given, where, base, FIELDS, _coerce, DeepConfConfigError,
                               '{"warmup": 4, "percentile": 90}')
+
+
+def parse_text(text: str | None, where: str = "--deepconf") -> DeepConfConfig:
+    """Settings from a command line: JSON or ``key=value`` pairs (``warmup=4,percentile=90``);
+    empty: the defaults."""
+    return DeepConfConfig.parse(settings_text(text, where, DeepConfConfigError, "warmup=4,percentile=90"),
+                                where=where)
 
 
 def _coerce(key: str, v: Any, where: str) -> Any:

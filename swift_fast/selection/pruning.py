@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from ..definitions import GATE_EPS
-from .settings import parse_settings
+from .settings import parse_settings, settings_text
 
 SIGNALS = ("swift", "confidence", "combined")
 #: settings of a :class:`PruneConfig`, in the order ``--help`` and error messages list them
@@ -93,24 +93,7 @@ class PruneConfig:
 def parse_text(text: str | None, where: str = "--prune") -> PruneConfig:
     """Settings from a command line: JSON (``'{"keep": 0.5}'``) or ``key=value`` pairs separated
     by commas (``signal=swift,keep=0.5``); empty: the defaults."""
-    import json
-
-    text = (text or "").strip() or "{}"
-    if text.startswith("{"):
-        try:
-            given = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PruneConfigError(f"{where} {text!r}: not valid JSON ({e})") from None
-    else:
-        given = {}
-        for pair in text.split(","):
-            key, sep, value = pair.partition("=")
-            if not sep or not key.strip():
-                raise PruneConfigError(
-                    f"{where} {text!r}: expected key=value pairs, e.g. {where} signal=swift,keep=0.5"
-                )
-            given[key.strip()] = value.strip()
-    return PruneConfig.parse(given, where=where)
+    return PruneConfig.parse(settings_text(text, where, PruneConfigError, "signal=swift,keep=0.5"), where=where)
 
 
 def _coerce(key: str, v: Any, where: str) -> Any:

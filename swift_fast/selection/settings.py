@@ -33,3 +33,24 @@ def parse_settings(cls: Callable[..., T], given: Any, where: str, base: T | None
         return cls(**values)
     except error as e:
         raise error(f"{where}: {e}") from None
+
+
+def settings_text(text: str | None, where: str, error: type[ValueError], example: str) -> dict:
+    """What a command line's settings say: JSON (``'{"keep": 0.5}'``) or ``key=value`` pairs separated
+    by commas (``example``); empty: nothing (the defaults). Values stay text: the settings' own
+    parser reads them."""
+    import json
+
+    text = (text or "").strip() or "{}"
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise error(f"{where} {text!r}: not valid JSON ({e})") from None
+    given = {}
+    for pair in text.split(","):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise error(f"{where} {text!r}: expected key=value pairs, e.g. {where} {example}")
+        given[key.strip()] = value.strip()
+    return given

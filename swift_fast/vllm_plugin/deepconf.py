@@ -236,12 +236,23 @@ class DeepConf:
             self._submit_sync(request)
 
     # -- per step --------------------------------------------------------------------------------
-    def finished(self, rs, acc, finish_reason) -> None:
+    def finished(self, rs, acc, finish_reason) -> bool:
         """Candidate ``rs`` finished by itself this step (``make_request_output`` with a finish
-        reason, before any hold for SAR): its final signal and answer go to the policy."""
+        reason, before any hold for SAR): its final signal and answer go to the policy. Returns True
+        when its last token crossed the threshold: it is then stopped there (``acc.pruned``), as the
+        policy judges a candidate on every token it generated."""
         group = acc.dc
-        if acc.pruned or group.policy.done(acc.index):
-            return
+        p = group.policy
+        if acc.pruned or p.done(acc.index):
+            return False
+        if p.threshold is not None and acc.index >= group.cfg.warmup:
+            t = group.watch[acc.index].crossed(acc, group.cfg, p.threshold)
+            if t is not None:
+                p.stopped[acc.index], p.crossings[acc.index] = THRESHOLD, t
+                acc.pruned = True
+                self.stopped += 1
+                self.touched.add(group)
+                return True
         cfg = group.cfg
         errored = str(finish_reason).lower() == "error"
         if errored:
@@ -261,6 +272,7 @@ class DeepConf:
             answer = extract_answer(text, kind, finish_reason=str(finish_reason).lower() if finish_reason else None)
         group.policy.finish(acc.index, signal, answer)
         self.touched.add(group)
+        return False
 
     def decide(self, is_running) -> tuple[list, list]:
         """``(stop, submit)``: the running or held-back candidates (``RequestState``) to stop now, and

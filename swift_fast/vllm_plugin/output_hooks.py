@@ -53,11 +53,13 @@ def install_output_hooks() -> None:
         acc = getattr(self, "_swift_fast", None)
         if acc is not None and acc.dc is not None and finish_reason is not None and acc.held is None:
             # DeepConf online: a candidate that finished by itself reports to its group now, before a
-            # hold for SAR delays its output (an engine error reports it too, with no signal)
+            # hold for SAR delays its output (an engine error reports it too, with no signal); one
+            # whose last token crossed the threshold is stopped there, and gets no pass
             if finish_reason != FinishReason.ABORT:
                 acc.frontend.deepconf.finished(self, acc, finish_reason)
         if (
             acc is not None
+            and not acc.pruned
             and (acc.sar_wanted or acc.last_wanted)
             and finish_reason is not None
             and acc.held is None
