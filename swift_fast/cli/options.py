@@ -187,7 +187,7 @@ def add_select(p, default: str) -> None:
 
 def add_confidence_window(p) -> None:
     p.add_argument("--confidence-window", type=int, metavar="TOKENS",
-                   help="tokens per group of DeepConf's group confidences in the engine (default 2048, DeepConf's; "
+                   help="tokens per group of DeepConf's group confidences (default 2048, DeepConf's; "
                         "an answer of at most that many tokens is one group)")
 
 

@@ -211,8 +211,9 @@ def selector_key(name: str) -> str:
     """A row's key in the JSON and CSV reports: its display name in snake_case, stable across
     runs and safe in any tool ("confidence (lowest group)" -> ``confidence_lowest_group``,
     "SWIFT+SAR rank" -> ``swift_sar_rank``, "oracle pass@k" -> ``oracle_pass_at_k``). The display
-    name goes beside it (``name``)."""
-    words = re.findall(r"[a-z0-9]+", name.lower().replace("@", " at "))
+    name goes beside it (``name``). "bottom 10%" is spelled as its value is
+    (``confidence_bottom10``), so a row's key and the plugin's value name agree."""
+    words = re.findall(r"[a-z0-9]+", name.lower().replace("@", " at ").replace("bottom 10%", "bottom10"))
     return "_".join(words) or "selector"
 
 

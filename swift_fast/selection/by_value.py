@@ -118,8 +118,8 @@ def check_prune(cfg, have: Available, where: str = "prune") -> None:
     if cfg.signal in ("swift", "combined") and not have.head:
         raise SelectorError(
             f'{where}: signal {cfg.signal!r} ranks candidates by their running SWIFT score, which needs a SWIFT head; '
-            'without one use {"signal": "confidence"} (DeepConf\'s confidence, rank-based) or {"signal": "deepconf"} '
-            "(DeepConf's online early stopping)"
+            'without one use {"signal": "confidence"} (DeepConf\'s confidence, rank-based), or DeepConf online '
+            '("deepconf" instead of "prune")'
         )
 
 

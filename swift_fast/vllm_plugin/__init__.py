@@ -7,7 +7,7 @@ Installing swift-fast registers :func:`register` under the entry-point group
 ``vllm.general_plugins``; vLLM calls it in every process it starts (front end, engine core,
 workers), before any configuration exists. ``register`` only wraps a few constructors
 (``EngineArgs.create_engine_config``, ``LLMEngine``/``AsyncLLM``, the scheduler, the model
-runner's ``load_model``; the OpenAI serving handlers once an engine with a head exists). Each
+runner's ``load_model``; the OpenAI serving handlers once a configured engine exists). Each
 wrapper looks for ``additional_config["swift_fast"]`` (see :mod:`.config`) and, when it is
 absent, returns what vLLM built untouched: without the config the plugin changes no object and
 costs nothing per step. ``VLLM_PLUGINS=swift_fast`` restricts vLLM to this plugin.

@@ -20,7 +20,7 @@ Keys:
 ``answer`` (default ``null``)
     the kind of final answer the front end extracts from each finished candidate, for the votes
     ``select`` may ask for and DeepConf's consensus stop: ``"math"``, ``"choice"``, ``"boolean"``
-    or ``"literal"`` (:mod:`swift_fast.grading.answers`; ``CompletionOutput.answer``).
+    or ``"literal"`` (:mod:`swift_fast.grading.answers`).
 ``select`` (default ``"swift"`` with a head, else ``"confidence_lowest_group"``)
     what server-side Best-of-N (``"best_of_n": N`` in a request body; a request may name its own
     ``"select"``) chooses by: a value (``"swift"``, ``"sar"``, ``"mean_logprob"``,
@@ -57,8 +57,9 @@ dict, so the server also takes the flat keys in brackets):
   (:mod:`.pruning`; ``n > 1`` only);
 - ``{"swift_fast": {"trace": True}}`` (``"swift_fast_trace": true``) also returns each token's
   values, ``CompletionOutput.swift_trace = {"gate_reward": [...], "gate": [...], "confidence":
-  [...], "logprob": [...]}`` (``g_t r_t``, ``g_t``, DeepConf's token confidence and, with SAR
-  on, the token's log-prob; one entry per token of ``token_ids``, on the final output): what
+  [...], "logprob": [...]}`` (``g_t r_t``, ``g_t``, DeepConf's token confidence and the
+  token's log-prob; one entry per token of ``token_ids``, ``gate_reward`` and ``gate`` empty
+  without a head; on the final output): what
   replaying a pruning policy offline (``swift_fast.selection.pruning.replay``) and the trivial selectors need.
 """
 
@@ -332,8 +333,9 @@ def check_engine(vllm_config: Any, head: SwiftHead | None) -> None:
     if getattr(parallel, "use_ubatching", False):
         raise HeadError(
             "swift-fast does not support dual-batch overlap / micro-batching (--enable-dbo, --ubatch-size): "
-            "each micro-batch runs the model on its own slice of the tokens, and the head's per-token "
-            "accumulator is indexed from 0 in every slice, so both would add into the same rows. Remove "
+            "each micro-batch runs the model on its own slice of the tokens, and the plugin's per-token "
+            "buffers are indexed from 0 in every slice, so both would write the same rows (nor is it run without "
+            "a head). Remove "
             "--enable-dbo / --ubatch-size to serve with the swift_fast plugin"
         )
     if getattr(parallel, "enable_batch_sharded_sampling", False):

@@ -167,6 +167,13 @@ class Pruner:
         prune_given = requested(extra)[0]
         dc_given = deepconf.requested(extra)[0]
         cfg = resolve(params, self.default)
+        if cfg is not None and prune_given and not self.has_head:
+            from ..selection.by_value import Available, SelectorError, check_prune
+
+            try:  # a SWIFT signal without a head would never decide: refused, not ignored
+                check_prune(cfg, Available(head=False, sar=False, answers=False), where=requested(extra)[2])
+            except SelectorError as e:
+                raise PruneConfigError(str(e)) from None
         pruned = cfg is not None and (prune_given or not dc_given)
         dc = deepconf.resolve(params, self.deepconf_default, self.has_head, pruned)
         if dc is not None and not prune_given:

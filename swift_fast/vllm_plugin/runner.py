@@ -2,7 +2,7 @@
 
 The worker keeps no per-request score state. Each step it reports, for every request row that
 sampled a token this step, the contribution of that one token (:class:`.transport.Values`:
-``g * r``, ``g``, one token and, with SAR, the token's log-prob), and for a SAR
+``g * r``, ``g``, one token, the token's log-prob and confidence), and for a SAR
 question-removed pass, on the step that completes its prefill, the sum and count of the
 answer's log-probs over all its prefill chunks (:mod:`.sar_worker`). The front end adds a
 token's values when, and only when, it appends that token to the request's output, so the

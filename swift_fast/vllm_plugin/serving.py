@@ -44,8 +44,8 @@ With SAR on, a raw completion prompt may bring its question-removed context in a
 context its ``sar`` used (``sar_context``).
 
 ``/v1/responses``, ``/v1/chat/completions/batch`` and Anthropic's ``/v1/messages`` carry no
-values: a request to them that asks for ``best_of_n``, ``select``, ``answer``, ``sar_context`` or
-``prune`` is answered 400, naming the endpoint. ``/v1/messages`` (and, where enabled,
+values: a request to them that asks for ``best_of_n``, ``select``, ``answer``, ``sar_context``,
+``deepconf`` or ``prune`` is answered 400, naming the endpoint. ``/v1/messages`` (and, where enabled,
 ``/cohere/v2/chat``) is served through ``OpenAIServingChat``, so the chat wrappers run under it,
 but it rebuilds each reply in its own format, which has no place for the values; its request
 model drops unknown fields, so its refusal reads the raw body. Beam search (``use_beam_search``)

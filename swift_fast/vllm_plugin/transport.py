@@ -35,7 +35,7 @@ class Values(NamedTuple):
     weighted: float  # sum of g * r over the tokens scored
     gate: float  # sum of g
     tokens: float  # tokens scored
-    logp: float  # sum of the scored tokens' log-probs (SAR), or of a question-removed pass's answer
+    logp: float  # the sampled token's log-prob, or the sum over a question-removed pass's answer (SAR)
     logp_tokens: float  # how many log-probs ``logp`` sums
     conf: float = 0.0  # the token's DeepConf confidence
 
