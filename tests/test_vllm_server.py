@@ -467,3 +467,7 @@ def test_best_of_n_without_a_head(free_server):
     with pytest.raises(openai.BadRequestError, match="select = 'swift' needs a SWIFT head"):
         client.completions.create(model=path, prompt=prompt, max_tokens=4, temperature=1.0,
                                   extra_body={"best_of_n": 2, "select": "swift"})
+    # pruning by the running SWIFT score (the default signal) would never decide without a head
+    with pytest.raises(openai.BadRequestError, match="signal 'swift' ranks candidates by their running SWIFT score"):
+        client.completions.create(model=path, prompt=prompt, max_tokens=4, temperature=1.0,
+                                  extra_body={"best_of_n": 4, "prune": {"keep": 0.5}})
