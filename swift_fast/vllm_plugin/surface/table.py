@@ -219,7 +219,9 @@ SURFACE: tuple[Symbol, ...] = (
         # RequestState.queue: an AsyncLLM request's collector, where a held or pruned output is put
         ("RequestOutputCollector.put", "method", "call", _p("output", pos=1)),
     ),
-    *_rows("vllm.v1.engine.detokenizer", ("IncrementalDetokenizer.output_token_ids", "attribute", "read")),
+    *_rows("vllm.v1.engine.detokenizer", ("IncrementalDetokenizer.output_token_ids", "attribute", "read"),
+           # DeepConf's consensus reads a finished candidate's text (the detokenizers that hold one)
+           ("BaseIncrementalDetokenizer.output_text", "attribute", "read")),
     *_rows("vllm.v1.engine.parallel_sampling", ("ParentRequest", "class", "extend"),
            ("ParentRequest.n", "attribute", "read")),
     *_rows(
@@ -349,6 +351,9 @@ SURFACE: tuple[Symbol, ...] = (
            side="server"),
     *_protocol("vllm.entrypoints.openai.completion.protocol", "Completion"),
     *_protocol("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletion"),
+    # a vote reads each choice's answer text: a chat choice's message (a completion choice's text)
+    *_rows("vllm.entrypoints.openai.chat_completion.protocol", ("ChatCompletionResponseChoice.message", "field",
+                                                                 "read"), side="server"),
     # -- engine core ---------------------------------------------------------------------------
     *_rows(
         "vllm.v1.core.sched.scheduler",
