@@ -219,7 +219,9 @@ def _vote_by_hand(problems, key: str, k: int) -> float:
 def test_bon_cli_without_a_head_reports_the_head_free_selectors(tmp_path, capsys):
     """No --head: the rollouts carry the head-free values (held to their definitions), the table
     their rows and DeepConf's weighted votes led by --select, pruning by DeepConf's confidence is
-    compared by it too, `eval` shows the same rows, and the run is another than one with a head."""
+    compared by it too, DeepConf online (--deepconf) generates fewer tokens on the same draws with
+    every decision its replay's, `eval` shows the same rows, and the run is another than one with a
+    head."""
     path = build_tiny_model("qwen2", tmp_path / "qwen2")
     data = tmp_path / "tiny.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
@@ -237,7 +239,8 @@ def test_bon_cli_without_a_head_reports_the_head_free_selectors(tmp_path, capsys
     assert "--prune: signal 'swift' ranks candidates by their running SWIFT score" in capsys.readouterr().err
     assert not out.exists()
 
-    rc = main([*args, "--select", "vote:confidence_tail", "--prune", "signal=confidence,warmup=4,every=4,keep=0.5"])
+    rc = main([*args, "--select", "vote:confidence_tail", "--prune", "signal=confidence,warmup=4,every=4,keep=0.5",
+               "--deepconf", "warmup=2,percentile=90,window=3,wave=1"])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     problems = read_rollouts(out)
@@ -270,8 +273,20 @@ def test_bon_cli_without_a_head_reports_the_head_free_selectors(tmp_path, capsys
     assert "BoN@4 by confidence (tail) weighted vote:" in printed
     assert "by confidence (tail) weighted vote over unpruned candidates" in pr["measured"]["method"]
     run = summary["run"]["record"]
-    assert run["head"] is None and run["plugin"] == {"sar": False, "confidence_window": 4,
+    assert run["head"] is None and run["plugin"] == {"sar": False, "confidence_window": 4, "answer": "math",
                                                      "request": {"trace": True, "prune": False}}
+    # the DeepConf run, in waves: fewer tokens on the same draws, every decision the replay's
+    dc = summary["deepconf"]
+    assert dc["settings"]["wave"] == 1 and dc["answer"] == "math" and dc["stopped"]["threshold"] > 0
+    assert dc["replay_agreement"] == 1.0 and dc["replayed_candidates"] == 12
+    assert dc["measured"]["tokens"] < dc["measured"]["full_tokens"]
+    full = {p.id: p for p in problems}
+    for p in read_rollouts(tmp_path / "run" / "bon.deepconf.jsonl"):
+        for a, b in zip(full[p.id].candidates, p.candidates):
+            assert b["token_ids"] == a["token_ids"][: len(b["token_ids"])]
+            assert b["swift_pruned"] == (b["deepconf"]["stop"] is not None)
+    assert "DeepConf online (warmup=2, percentile=90.0, window=3" in printed
+    assert "the replay on the full run reproduces 100.0% of 12 decisions" in printed
     # `eval` on the file: the same rows and figures
     assert main(["eval", str(out), "--bootstrap", "50", "--plot", "none", "--json", str(tmp_path / "e.json")]) == 0
     ev = json.loads((tmp_path / "e.json").read_text())
@@ -284,32 +299,3 @@ def test_bon_cli_without_a_head_reports_the_head_free_selectors(tmp_path, capsys
     assert main([*args, "--head", str(hp), "--prune", "signal=confidence,warmup=4,every=4,keep=0.5"]) == 2
     assert "its rollouts were generated with head = null, this run has {\"sha256\"" in capsys.readouterr().err
 
-
-def test_bon_cli_deepconf_compares_with_full_best_of_n_and_replays_its_decisions(tmp_path, capsys):
-    """--deepconf without a head: a third run stopped by the plugin's DeepConf online, in waves; it
-    generates fewer tokens than the full run on the same draws, its stopped candidates are
-    prefixes of the full run's, and the replay on the full run's traces reproduces every decision."""
-    path = build_tiny_model("llama", tmp_path / "llama")
-    data = tmp_path / "tiny.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
-                            for i in range(3)))
-    out = tmp_path / "bon.jsonl"
-    rc = main(["bon", "--model", path, "--data", str(data), "--n", "6", "--max-new-tokens", "12", "--dtype", "float32",
-               "--out", str(out), "--bootstrap", "50", "--no-progress", "--plot", "none",
-               "--deepconf", "warmup=2,percentile=90,window=3,wave=2", "--vllm", "enforce_eager=true",
-               "--vllm", "max_model_len=256", "--vllm", f"kv_cache_memory_bytes={1024 * KV_BYTES_PER_TOKEN}"])
-    printed = capsys.readouterr().out
-    assert rc == 0, printed
-    summary = json.loads((tmp_path / "bon.summary.json").read_text())
-    dc = summary["deepconf"]
-    assert dc["settings"]["wave"] == 2 and dc["answer"] == "math"
-    assert dc["stopped"]["threshold"] > 0 and dc["replay_agreement"] == 1.0 and dc["replayed_candidates"] == 18
-    assert dc["measured"]["tokens"] < dc["measured"]["full_tokens"]
-    assert summary["run"]["record"]["plugin"]["answer"] == "math"
-    full = {p.id: p for p in read_rollouts(out)}
-    for p in read_rollouts(tmp_path / "bon.deepconf.jsonl"):
-        for a, b in zip(full[p.id].candidates, p.candidates):
-            assert b["token_ids"] == a["token_ids"][: len(b["token_ids"])]
-            assert b["swift_pruned"] == (b["deepconf"]["stop"] is not None)
-    assert "DeepConf online (warmup=2, percentile=90.0, window=3" in printed
-    assert "the replay on the full run reproduces 100.0% of 18 decisions" in printed
