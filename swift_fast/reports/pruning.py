@@ -284,12 +284,7 @@ def comparison_text(c: dict, n: int) -> str:
         "  " + summary_text(c["measured"], "pruned run"),
         "  " + summary_text(c["replayed"], "replayed on the full run"),
     ]
-    s = c["seconds"]
-    if s is not None:
-        lines.append(f"  vLLM wall time: full {s['full']:.1f} s, pruned {s['pruned']:.1f} s "
-                     f"({s['full'] / max(s['pruned'], 1e-9):.2f}x)")
-    else:
-        lines.append("  vLLM wall time: not compared (a run resumed from earlier output)")
+    lines.append(_wall_time(c["seconds"], "pruned"))
     frac = c["measured"]["token_fraction"]  # the pruned run's budget: each signal at equal cost
     swept = {r["settings"]["signal"] for r in c["sweep"]}  # without a head, no SWIFT signal was
     for signal, r in at_budget(c["sweep"], frac).items():
@@ -312,10 +307,14 @@ def deepconf_text(c: dict, n: int) -> str:
              f"  stopped: {c['stopped']['threshold']} candidates below the threshold, {c['stopped']['consensus']} "
              f"by consensus{'' if c.get('answer') else ' (no answer kind: no consensus stop)'}; the replay on the "
              f"full run reproduces {100 * c['replay_agreement']:.1f}% of {c['replayed_candidates']} decisions"]
-    s = c["seconds"]
-    if s is not None:
-        lines.append(f"  vLLM wall time: full {s['full']:.1f} s, DeepConf {s['deepconf']:.1f} s "
-                     f"({100 * s['deepconf'] / max(s['full'], 1e-9):.0f}% of the full run's)")
-    else:
-        lines.append("  vLLM wall time: not compared (a run resumed from earlier output)")
+    lines.append(_wall_time(c["seconds"], "deepconf", "DeepConf"))
     return "\n".join(lines)
+
+
+def _wall_time(seconds: dict | None, key: str, label: str | None = None) -> str:
+    """The line comparing a run's vLLM wall time (``seconds[key]``) with the full run's."""
+    if seconds is None:
+        return "  vLLM wall time: not compared (a run resumed from earlier output)"
+    full, other = seconds["full"], seconds[key]
+    return (f"  vLLM wall time: full {full:.1f} s, {label or key} {other:.1f} s "
+            f"({100 * other / max(full, 1e-9):.0f}% of the full run's)")
