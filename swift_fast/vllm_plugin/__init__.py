@@ -65,7 +65,8 @@ Data path (vLLM 0.32-0.33, whichever model runner vLLM selects)
    ``swift_pruned = True``, and aborted in the engine core with the step's aborts, which frees
    their KV blocks (before the next step in-process; a step or two later from a separate
    engine-core process). DeepConf online (:mod:`.deepconf`) stops candidates the same way, against
-   a threshold the request's warmup candidates set, holds later waves back in the front end, and
+   a threshold the request's warmup candidates set, holds later waves back in the front end (its
+   engine client's ``add_request``, wrapped on that engine), and
    stops a request whose finished candidates agree.
 7. Server (:mod:`.serving`): OpenAI completion and chat responses carry each choice's scores;
    ``"best_of_n": N`` returns the best of N candidates (never a pruned one while another exists);

@@ -272,8 +272,10 @@ SURFACE: tuple[Symbol, ...] = (
     ),
     *_rows(
         "vllm.v1.engine.core_client",
-        ("EngineCoreClient.add_request", "method", "call", _p("request", pos=1)),
-        ("EngineCoreClient.add_request_async", "method", "call", _p("request", pos=1)),
+        # called for the passes; wrapped on the engine's own client by DeepConf online, which holds a
+        # request's later waves back there (swift_fast.vllm_plugin.deepconf)
+        ("EngineCoreClient.add_request", "method", "wrap", _p("request", pos=1)),
+        ("EngineCoreClient.add_request_async", "method", "wrap", _p("request", pos=1)),
         ("EngineCoreClient.shutdown", "method", "call", {"side": "tools", **_p("timeout")}),
         ("MPClient.core_engines", "attribute", "read"),
         ("DPLBAsyncMPClient.reqs_in_flight", "attribute", "read"),
