@@ -84,6 +84,7 @@ import time
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_vllm_throughput import build, engine, runner_of, select_runner, worker_cpu
+from benchlib import write_and_shut_down
 
 #: the values the plugin gives each candidate without a head (``CompletionOutput`` attributes)
 VALUES = ("mean_logprob", "confidence_lowest_group", "confidence_tail", "confidence_bottom10")
@@ -310,13 +311,7 @@ def run(args) -> int:
         "results": table, "checks": checks, "rounds_data": rounds,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "rounds_data"}, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    for llm in engines.values():
-        core = getattr(llm.llm_engine, "engine_core", None)
-        if core is not None:
-            core.shutdown()
+    write_and_shut_down(result, args.json, engines.values())
     return 0
 
 

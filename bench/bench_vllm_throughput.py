@@ -56,6 +56,8 @@ import sys
 import tempfile
 import time
 
+from benchlib import write_and_shut_down
+
 
 def build(args, root: str) -> tuple[str, str, int]:
     import torch
@@ -344,13 +346,7 @@ def run(p, args) -> int:
                       sar_step_overhead_over_swift=statistics.median(step) / statistics.median(cpu["swift"]))
     print(json.dumps({k: v for k, v in result.items() if k not in ("tokens_per_s", "worker_cpu_ms_per_token")},
                      indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    for llm in engines.values():
-        core = getattr(llm.llm_engine, "engine_core", None)
-        if core is not None:
-            core.shutdown()
+    write_and_shut_down(result, args.json, engines.values())
     return 0
 
 

@@ -56,3 +56,17 @@ def free_memory():
 
 needs_cuda = pytest.mark.skipif(not CUDA, reason="Triton kernels are timed on CUDA only")
 needs_native = pytest.mark.skipif(not has_native(), reason="native extension not built")
+
+
+def write_and_shut_down(result: dict, path: str | None, engines) -> None:
+    """The end of a vLLM benchmark run: ``result`` to ``path`` (JSON; None: not written), then
+    every engine's processes stopped (the ``LLM`` objects of ``engines``)."""
+    import json
+
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+    for llm in engines:
+        core = getattr(llm.llm_engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()
