@@ -246,11 +246,7 @@ def run_bon(model: str, head: str | None, data: str, out: str | os.PathLike | No
 
     config = config or BonConfig()
     n = config.collect.n
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
-    window = config.confidence_window
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"confidence_window (--confidence-window) must be a positive number of tokens, got {window!r}")
+    _check_settings(config, head)
     select = headline(head, config)
     out = default_out(data, n) if out is None else os.fspath(out)
     base = os.path.splitext(out)[0]
@@ -259,36 +255,13 @@ def run_bon(model: str, head: str | None, data: str, out: str | os.PathLike | No
         head = resolve_head(head)  # a Hub repository id becomes its file in the Hugging Face cache
         alignment = SwiftHead.load(head).alignment  # a bad head file fails before any work
     examples = load_dataset(data, kind=config.kind, limit=config.limit)
-    if config.engine.engine not in ("auto", "vllm"):
-        raise ValueError(f"Best-of-N scores in vLLM (the plugin): engine {config.engine.engine!r} cannot run it")
     engine = replace(config.engine, engine="vllm")
     parallel_kwargs(engine, "vllm")  # checked here: a bad setting fails before the engine starts
-    if config.prune is not None and n < 2:
-        raise ValueError("--prune stops the weakest of each problem's candidates: it needs --n 2 or more")
-    if config.prune is not None:
-        check_prune(config.prune, Available(head=head is not None, sar=config.sar, answers=True), where="--prune")
     dc = config.deepconf
-    if dc is not None and n <= dc.warmup:
-        raise ValueError(f"--deepconf runs warmup = {dc.warmup} candidates to the end and stops later ones: it needs "
-                         f"--n above {dc.warmup}")
-    if dc is not None and dc.signal == "swift" and head is None:
-        raise ValueError("--deepconf signal=swift thresholds the running SWIFT score: it needs --head")
     answer = _answer_kind(config, examples) if dc is not None and dc.consensus is not None else None
     result = BonResult(out=out, pruned_out=base + ".pruned.jsonl" if config.prune is not None else None,
                        deepconf_out=base + ".deepconf.jsonl" if dc is not None else None)
-    # the plugin's settings are part of each run's record, and read back from it
-    stopping = config.prune is not None or dc is not None
-    full = {"trace": True, "prune": False} if stopping else {"trace": True}
-    result.run = build(model, data, replace(config.collect, plugin_args=full), engine, kind=config.kind, head=head,
-                       sar=bool(config.sar), plugin=plugin_settings(config, answer))
-    runs = [(out, result.run, "the full run")]
-    if config.prune is not None:
-        result.pruned_run = result.run.with_request({"trace": True, "prune": config.prune.to_dict()})
-        runs.append((result.pruned_out, result.pruned_run, "the pruned run"))
-    if dc is not None:
-        result.deepconf_run = result.run.with_request({"trace": True, "deepconf": dc.to_dict()})
-        runs.append((result.deepconf_out, result.deepconf_run, "the DeepConf run"))
-    prepare(runs, overwrite)  # before the engine starts: a refusal costs nothing
+    prepare(_records(model, data, engine, config, head, answer, result), overwrite)  # a refusal costs nothing
     _generate(model, head, examples, engine, config, result, answer)
     ids = {str(ex.id) for ex in examples}
     problems = [p for p in read_rollouts(out) if p.id in ids]
@@ -313,6 +286,44 @@ def run_bon(model: str, head: str | None, data: str, out: str | os.PathLike | No
         **({"deepconf": result.deepconf} if result.deepconf is not None else {}),
     )
     return result
+
+
+def _check_settings(config: BonConfig, head: str | None) -> None:
+    """Refuse, before any work, settings the run cannot use (``ValueError`` naming the option)."""
+    n, window, dc = config.collect.n, config.confidence_window, config.deepconf
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"confidence_window (--confidence-window) must be a positive number of tokens, got {window!r}")
+    if config.engine.engine not in ("auto", "vllm"):
+        raise ValueError(f"Best-of-N scores in vLLM (the plugin): engine {config.engine.engine!r} cannot run it")
+    if config.prune is not None and n < 2:
+        raise ValueError("--prune stops the weakest of each problem's candidates: it needs --n 2 or more")
+    if config.prune is not None:
+        check_prune(config.prune, Available(head=head is not None, sar=config.sar, answers=True), where="--prune")
+    if dc is not None and n <= dc.warmup:
+        raise ValueError(f"--deepconf runs warmup = {dc.warmup} candidates to the end and stops later ones: it needs "
+                         f"--n above {dc.warmup}")
+    if dc is not None and dc.signal == "swift" and head is None:
+        raise ValueError("--deepconf signal=swift thresholds the running SWIFT score: it needs --head")
+
+
+def _records(model: str, data: str, engine: EngineConfig, config: BonConfig, head: str | None, answer: str | None,
+             result: BonResult) -> list:
+    """Each run's record into ``result`` (the plugin's settings are part of it, and read back from
+    it), as ``(rollouts, record, what)`` for :func:`.run_record.prepare`."""
+    stopping = config.prune is not None or config.deepconf is not None
+    full = {"trace": True, "prune": False} if stopping else {"trace": True}
+    result.run = build(model, data, replace(config.collect, plugin_args=full), engine, kind=config.kind, head=head,
+                       sar=bool(config.sar), plugin=plugin_settings(config, answer))
+    runs = [(result.out, result.run, "the full run")]
+    if config.prune is not None:
+        result.pruned_run = result.run.with_request({"trace": True, "prune": config.prune.to_dict()})
+        runs.append((result.pruned_out, result.pruned_run, "the pruned run"))
+    if config.deepconf is not None:
+        result.deepconf_run = result.run.with_request({"trace": True, "deepconf": config.deepconf.to_dict()})
+        runs.append((result.deepconf_out, result.deepconf_run, "the DeepConf run"))
+    return runs
 
 
 def plugin_settings(config: BonConfig, answer: str | None = None) -> dict:
