@@ -94,6 +94,48 @@ def sar_contexts(problems) -> list[list[int]]:
     return out
 
 
+def _option_error(args) -> str | None:
+    """What is wrong with the options together (None: nothing)."""
+    if os.path.abspath(args.out) == os.path.abspath(args.rollouts):
+        return "--out must differ from --rollouts (the output is written while the input is read)"
+    if args.head is None and args.column is not None:
+        return ("--column names the SWIFT score's field, which needs --head; without a head `score` writes the "
+                f"head-free values under their own names ({', '.join(HEAD_FREE_FIELDS)})")
+    if args.head is not None and args.confidence_window is not None:
+        return ("--confidence-window sets the head-free values' groups, which `score` computes without --head; drop "
+                "one of the two")
+    if args.confidence_window is not None and args.confidence_window < 1:
+        return f"--confidence-window must be a positive number of tokens, got {args.confidence_window}"
+    return None
+
+
+def _score_keys(args, model, tokenizer, head, seqs_all, keys: list[int], contexts, column: str, window: int) -> None:
+    """Score the candidates ``keys`` (indices into ``seqs_all``) in place: the SWIFT score under
+    ``column`` with a head, else the head-free values, and with ``--sar`` SAR."""
+    from ..hf.sar import sar_rewards
+    from ..hf.scoring import swift_scores
+
+    seqs = [seqs_all.sequences[k] for k in keys]
+    plens = [seqs_all.prompt_lengths[k] for k in keys]
+    scores = values = sar = None
+    if head is not None:
+        scores = swift_scores(model, head, seqs, plens, batch_size=args.batch_size)
+    else:
+        values = head_free_values(model, seqs, plens, window, args.batch_size)
+    if args.sar:
+        sar = sar_rewards(model, tokenizer, [s[:p] for s, p in zip(seqs, plens)], [s[p:] for s, p in zip(seqs, plens)],
+                          contexts=[contexts[seqs_all.refs[k][0]] for k in keys], batch_size=args.batch_size)
+    for j, k in enumerate(keys):
+        pi, ci = seqs_all.refs[k]
+        cand = seqs_all.problems[pi].candidates[ci]
+        if scores is not None:
+            cand[column] = float(scores[j])
+        if values is not None:
+            cand.update(values[j])
+        if sar is not None:
+            cand[args.sar_column] = float(sar[j])
+
+
 def run(args) -> int:
     from ..data.datasets import DataError
     from ..data.rollouts import RolloutWriter
@@ -102,30 +144,17 @@ def run(args) -> int:
     from ..rewards.confidence import DEFAULT_WINDOW
     from ..rewards.head import HeadError, SwiftHead
 
-    if os.path.abspath(args.out) == os.path.abspath(args.rollouts):
-        print(
-            "error: --out must differ from --rollouts (the output is written while the input is read)", file=sys.stderr
-        )
-        return 2
-    if args.head is None and args.column is not None:
-        print("error: --column names the SWIFT score's field, which needs --head; without a head `score` writes the "
-              f"head-free values under their own names ({', '.join(HEAD_FREE_FIELDS)})", file=sys.stderr)
-        return 2
-    if args.head is not None and args.confidence_window is not None:
-        print("error: --confidence-window sets the head-free values' groups, which `score` computes without --head; "
-              "drop one of the two", file=sys.stderr)
+    bad = _option_error(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
         return 2
     column = args.column or "swift_score"
     window = DEFAULT_WINDOW if args.confidence_window is None else args.confidence_window
-    if window < 1:
-        print(f"error: --confidence-window must be a positive number of tokens, got {window}", file=sys.stderr)
-        return 2
     try:
         head = SwiftHead.load(resolve_head(args.head)) if args.head is not None else None
         from ..hf.loading import load_model
         from ..hf.rollout_data import rollout_sequences
-        from ..hf.sar import sar_rewards
-        from ..hf.scoring import check_head, swift_scores
+        from ..hf.scoring import check_head
 
         model, tokenizer = load_model(args.model, args.dtype, args.device)
         if head is not None:
@@ -153,28 +182,8 @@ def run(args) -> int:
         for a in range(0, len(todo), step):
             chunk = todo[a : a + step]
             keys = [k for pi in chunk for k in by_problem.get(pi, [])]
-            seqs = [seqs_all.sequences[k] for k in keys]
-            plens = [seqs_all.prompt_lengths[k] for k in keys]
-            scores = values = None
-            if keys and head is not None:
-                scores = swift_scores(model, head, seqs, plens, batch_size=args.batch_size)
-            elif keys:
-                values = head_free_values(model, seqs, plens, window, args.batch_size)
-            sar = None
-            if args.sar and keys:
-                sar = sar_rewards(
-                    model, tokenizer, [s[:p] for s, p in zip(seqs, plens)], [s[p:] for s, p in zip(seqs, plens)],
-                    contexts=[contexts[seqs_all.refs[k][0]] for k in keys], batch_size=args.batch_size,
-                )
-            for j, k in enumerate(keys):
-                pi, ci = seqs_all.refs[k]
-                cand = seqs_all.problems[pi].candidates[ci]
-                if scores is not None:
-                    cand[column] = float(scores[j])
-                if values is not None:
-                    cand.update(values[j])
-                if sar is not None:
-                    cand[args.sar_column] = float(sar[j])
+            if keys:
+                _score_keys(args, model, tokenizer, head, seqs_all, keys, contexts, column, window)
             for pi in chunk:
                 writer.write(seqs_all.problems[pi])
             if bar is not None:
