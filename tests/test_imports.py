@@ -108,7 +108,7 @@ LAYERS = [
     ("swift_fast.rewards", "swift_fast.selection", "swift_fast.training"),
     ("swift_fast.data", "swift_fast.grading", "swift_fast.reports"),
     ("swift_fast.hf", "swift_fast.vllm_plugin"),
-    ("swift_fast.jobs",),
+    ("swift_fast.jobs", "swift_fast.rl"),
     ("swift_fast.demo", "swift_fast.testing"),
     ("swift_fast.cli", "swift_fast.__main__"),
 ]

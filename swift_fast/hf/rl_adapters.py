@@ -51,7 +51,7 @@ from ..rewards.sar import sar_from_means
 from .sar import question_removed_contexts, response_token_ids, sar_rewards
 
 
-def _trl_prompt(tokenizer, prompt):
+def trl_prompt(tokenizer, prompt):
     """Messages stay messages (``sar_rewards`` renders them and their ``q0``); text is tokenised
     with the tokenizer's default call, as ``GRPOTrainer`` does."""
     if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
@@ -83,7 +83,7 @@ def trl_sar_reward(
     """
 
     def reward(prompts, completions, completion_ids=None, sar_context=None, **kwargs):
-        ps = [_trl_prompt(tokenizer, p) for p in prompts]
+        ps = [trl_prompt(tokenizer, p) for p in prompts]
         if sar_context is None and tokenizer.bos_token_id is None and any(not isinstance(p[0], dict) for p in ps):
             raise ValueError(
                 "SAR of a text prompt needs its question-removed context: add a 'sar_context' column to the "
