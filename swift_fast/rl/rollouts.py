@@ -24,8 +24,9 @@ How (one generation step, :meth:`PluginRollouts.__call__`)
     4. *return* what TRL needs (``prompt_ids``, ``completion_ids``, ``logprobs``: the sampled
        tokens' log-probs after temperature, as TRL's own vLLM path asks with
        ``logprobs_mode="processed_logprobs"``) and, per completion, ``sar``, ``swift_score`` (with
-       a head), ``mean_logprob``, ``swift_weight_versions`` and ``weight_version`` (the label the
-       engine held when the step began).
+       a head), ``mean_logprob``, ``swift_weight_versions``, ``weight_version`` (the label the engine
+       held when the step began) and ``finish_reason`` (``"stop"`` or ``"length"``, for a
+       verifier that counts a cut-off answer as wrong).
 
     :func:`plugin_sar_reward` reads ``sar`` and returns None (TRL: NaN, left out of the weighted
     sum, so that completion's reward is ``R_VR`` alone) for a completion whose values span two
@@ -57,7 +58,7 @@ from ..hf.rl_adapters import trl_prompt
 from ..hf.sar import prompt_token_ids, question_removed_contexts
 
 #: the per-completion fields a rollout returns beside TRL's three (each a list, one per completion)
-FIELDS = ("sar", "swift_score", "mean_logprob", "swift_weight_versions", "weight_version")
+FIELDS = ("sar", "swift_score", "mean_logprob", "swift_weight_versions", "weight_version", "finish_reason")
 
 
 def load_policy_weights(llm, model: torch.nn.Module, version: str | None = None) -> None:
@@ -157,6 +158,7 @@ class PluginRollouts:
             result["mean_logprob"].append(_value(getattr(c, "mean_logprob", None)))
             result["swift_weight_versions"].append(getattr(c, "swift_weight_versions", None))
             result["weight_version"].append(version)
+            result["finish_reason"].append(c.finish_reason)
         self.last = result
         return result
 
