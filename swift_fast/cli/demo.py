@@ -157,6 +157,15 @@ def _rl(args) -> int:
     # the engine core in this process: the policy's weights reach it without a copy through a pipe
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.makedirs(out, exist_ok=True)
+    if not args.verbose:
+        import warnings
+
+        from transformers.utils import logging as hf_logging
+
+        # TRL warns about the vLLM version at import for its own vLLM paths, which this run does not use
+        warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
     try:
         with quiet_engine(os.path.join(out, "engine.log"), verbose=args.verbose):
             run_rl(out=out, recipe=recipe)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass
 
@@ -55,13 +56,33 @@ def _row_prompt(row: dict) -> list[dict]:
     return [{"role": "user", "content": arithmetic.TEMPLATE.replace("{question}", row["prompt"])}]
 
 
-def accuracy_reward(completions, answer, finish_reason=None, **kwargs) -> list[float]:
-    """``R_VR``: 1.0 when math-verify accepts the completion's final answer, else 0.0 (a
-    completion cut off at the token limit counts as wrong)."""
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def last_number(text: str) -> float | None:
+    """The last number written in ``text`` (thousands commas dropped), or None."""
+    found = _NUMBER.findall(text)
+    return float(found[-1].replace(",", "")) if found else None
+
+
+def answered(texts: list[str], answers: list[str], finish_reasons=None) -> list[bool]:
+    """Whether each text answers its problem: math-verify accepts its final answer and the last
+    number written in it is the reference (a text cut off at the token limit is wrong).
+
+    NOTE: math-verify evaluates an expression, so "7 + 11" is accepted for 18. A policy rewarded
+    by math-verify alone can learn to restate the question as its answer, and with SAR, which
+    rewards answers that the question makes likely, it did within 20 steps (docs/rl-run.md): the
+    answer has to be written out."""
     from ..grading import grade_many
 
+    ok = grade_many(texts, answers, "math", finish_reasons=finish_reasons)
+    return [g and last_number(t) == float(a) for g, t, a in zip(ok, texts, answers)]
+
+
+def accuracy_reward(completions, answer, finish_reason=None, **kwargs) -> list[float]:
+    """``R_VR``: 1.0 when the completion answers its problem (:func:`answered`), else 0.0."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [float(x) for x in grade_many(texts, answer, "math", finish_reasons=finish_reason)]
+    return [float(x) for x in answered(texts, answer, finish_reason)]
 
 
 def _evaluate(rollouts, trainer, rows: list[dict], r: RLRecipe) -> dict:
@@ -69,7 +90,6 @@ def _evaluate(rollouts, trainer, rows: list[dict], r: RLRecipe) -> dict:
     with fixed seeds (the same in every arm and at every step)."""
     from vllm import SamplingParams
 
-    from ..grading import grade_many
     from ..hf.sar import prompt_token_ids
 
     rollouts.sync(trainer)
@@ -86,9 +106,11 @@ def _evaluate(rollouts, trainer, rows: list[dict], r: RLRecipe) -> dict:
             refs.append(row["answer"])
             reasons.append(c.finish_reason)
             lengths.append(len(c.token_ids))
-    ok = grade_many(texts, refs, "math", finish_reasons=reasons)
+    ok = answered(texts, refs, reasons)
     n = r.eval_n
     return {"step": int(trainer.state.global_step), "ids": [x["id"] for x in rows],
+            "examples": [{"question": x["prompt"], "answer": x["answer"], "response": texts[i * n],
+                          "correct": ok[i * n]} for i, x in enumerate(rows[:8])],
             "accuracy": [sum(ok[i * n:(i + 1) * n]) / n for i in range(len(rows))],
             "length": [sum(lengths[i * n:(i + 1) * n]) / n for i in range(len(rows))]}
 
