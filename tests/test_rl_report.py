@@ -70,3 +70,13 @@ def test_report_and_plot_are_written(run):
     assert "| rvr | 4 | 56.2% | 21.0 |" in text  # (0.5 + 0.5 + 0.25 + 1) / 4
     assert "+12.5 points" in text and "-6.0 tokens" in text
     assert os.path.getsize(os.path.join(run, "rl.png")) > 10_000
+
+
+def test_the_recipes_verifier_wants_the_answer_written_out():
+    from swift_fast.demo.real_rl import accuracy_reward, answered
+
+    texts = ["7 + 11", "7 + 11 = 18", "The answer is \\boxed{18}.", "7 + 11 = 28", "18 apples", "1,018"]
+    # math-verify alone accepts the first (it evaluates the expression); the recipe does not
+    assert answered(texts, ["18"] * 5 + ["1018"]) == [False, True, True, False, True, True]
+    chat = [[{"role": "assistant", "content": t}] for t in texts[:2]]
+    assert accuracy_reward(chat, ["18", "18"], finish_reason=["stop", "length"]) == [0.0, 0.0]
