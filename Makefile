@@ -42,7 +42,8 @@ real-rl: $(STAMP)
 
 # the kernels' suites; vLLM generation is timed by scripts, minutes each (their docstrings have the
 # recorded commands): bench/bench_vllm_throughput.py (plugin on/off), bench/bench_head_free.py
-# (head-free values against plain vLLM and logprobs=20), e.g. $(PY) bench/bench_head_free.py --eager
+# (head-free values against plain vLLM and logprobs=20), bench/bench_grpo_sar.py (a GRPO step by SAR
+# route), e.g. $(PY) bench/bench_head_free.py --eager
 bench: $(STAMP)
 	$(PY) -m pytest -q bench --benchmark-only
 

@@ -582,7 +582,7 @@ def test_new_imports_keywords_modules_and_variables_are_reported():
         "from vllm import SamplingParams\n"
         "SamplingParams(n=2, min_tokens=3)\n"
         "os.environ['VLLM_ATTENTION_BACKEND'] = 'x'\n"
-        "M = 'vllm.v1.worker.gpu_worker'\n"
+        "M = 'vllm.v1.worker.block_table'\n"
         "def f(ip):\n"
         "    return ip.process_inputs('r', {}, None, supported_tasks=(), tokenization_kwargs={})\n"
     )
@@ -591,7 +591,7 @@ def test_new_imports_keywords_modules_and_variables_are_reported():
         "import vllm.v1.core.sched.output CachedRequestData (<snippet>:2)",
         "keyword min_tokens= of SamplingParams (<snippet>:4)",
         "keyword tokenization_kwargs= of process_inputs (<snippet>:8)",
-        "module string vllm.v1.worker.gpu_worker (<snippet>:6)",
+        "module string vllm.v1.worker.block_table (<snippet>:6)",
     ]
 
 

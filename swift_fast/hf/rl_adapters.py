@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from ..rewards.sar import sar_from_means
-from .sar import question_removed_contexts, response_token_ids, sar_rewards
+from .sar import prompt_token_ids, question_removed_contexts, response_token_ids, sar_rewards
 
 
 def trl_prompt(tokenizer, prompt):
@@ -59,6 +59,15 @@ def trl_prompt(tokenizer, prompt):
     if isinstance(prompt, str):
         return [int(t) for t in tokenizer(text=prompt)["input_ids"]]
     return [int(t) for t in prompt]
+
+
+def trl_prompts(tokenizer, prompts, trainer) -> tuple[list, list[list[int]], dict]:
+    """``(prompts as given, prompt token ids, chat template keywords)`` of a ``GRPOTrainer``
+    batch, rendered as the trainer renders them (chat: the template with the generation prompt
+    and the trainer's ``chat_template_kwargs``; text: the tokenizer's default call)."""
+    kwargs = getattr(trainer, "chat_template_kwargs", None) or {}
+    given = [trl_prompt(tokenizer, p) for p in prompts]
+    return given, prompt_token_ids(tokenizer, given, chat_template_kwargs=kwargs), kwargs
 
 
 def _completion_text(c) -> str:

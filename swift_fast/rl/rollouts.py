@@ -54,8 +54,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..hf.rl_adapters import trl_prompt
-from ..hf.sar import prompt_token_ids, question_removed_contexts
+from ..hf.rl_adapters import trl_prompts
+from ..hf.sar import question_removed_contexts
 
 #: the per-completion fields a rollout returns beside TRL's three (each a list, one per completion)
 FIELDS = ("sar", "swift_score", "mean_logprob", "swift_weight_versions", "weight_version", "finish_reason")
@@ -127,9 +127,7 @@ class PluginRollouts:
         self.sync(trainer)
         mode = "train" if trainer.model.training else "eval"
         args = trainer.args
-        kwargs = getattr(trainer, "chat_template_kwargs", None) or {}
-        as_given = [trl_prompt(self.tokenizer, p) for p in prompts]
-        ids = prompt_token_ids(self.tokenizer, as_given, chat_template_kwargs=kwargs)
+        as_given, ids, kwargs = trl_prompts(self.tokenizer, prompts, trainer)
         contexts = None
         if self.sar:
             given = self.sar_contexts(prompts) if self.sar_contexts is not None else None

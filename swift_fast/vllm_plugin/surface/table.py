@@ -302,7 +302,7 @@ SURFACE: tuple[Symbol, ...] = (
         "vllm.sampling_params",
         ("SamplingParams", "class", "call",
          _p("n", "temperature", "top_p", "max_tokens", "seed", "detokenize", "skip_reading_prefix_cache",
-            "extra_args")),
+            "extra_args", "top_k", "min_p", "repetition_penalty", "logprobs")),
         ("SamplingParams.extra_args", "field", "set"),
         ("SamplingParams.n", "field", "read"),
         ("SamplingParams.output_kind", "field", "set", {"side": "tools"}),
@@ -508,8 +508,24 @@ SURFACE: tuple[Symbol, ...] = (
         ("LLM.generate", "method", "call", _p("prompts", "sampling_params", "use_tqdm", pos=2)),
         ("LLM.get_tokenizer", "method", "call"),
         ("LLM.llm_engine", "attribute", "read"),
+        # RL rollouts (swift_fast.rl): the policy's weights loaded into the engine before each step
+        ("LLM.collective_rpc", "method", "call", _p("method", "kwargs", pos=1)),
+        ("LLM.reset_prefix_cache", "method", "call"),
         side="tools",
     ),
+    *_rows(
+        "vllm.v1.engine.llm_engine",
+        ("LLMEngine.set_weight_version", "method", "call", _p("weight_version", pos=1)),
+        ("LLMEngine.get_weight_version", "method", "call"),
+        side="tools",
+    ),
+    # called by name through LLM.collective_rpc: vLLM's layer-wise in-place reload (the worker's
+    # method passes its arguments on to the model runner's)
+    *_rows("vllm.v1.worker.gpu_worker", ("Worker.reload_weights", "method", "call"), side="tools"),
+    *_rows("vllm.v1.worker.gpu_model_runner",
+           ("GPUModelRunner.reload_weights", "method", "call", _p("weights_iterator", "is_checkpoint_format")),
+           side="tools"),
+    *_rows("vllm.logprobs", ("Logprob.logprob", "field", "read"), side="tools"),
     *_rows("vllm.inputs", ("TokensPrompt", "class", "call", _p("prompt_token_ids")), side="tools"),
     *_rows("vllm.engine.arg_utils", ("AsyncEngineArgs", "class", "call"), side="tools"),
     *_rows(
