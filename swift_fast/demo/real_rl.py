@@ -53,7 +53,9 @@ class RLRecipe:
 
 
 def _row_prompt(row: dict) -> list[dict]:
-    return [{"role": "user", "content": arithmetic.TEMPLATE.replace("{question}", row["prompt"])}]
+    from ..data.templates import render_prompt
+
+    return render_prompt(row, arithmetic.TEMPLATE)
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -81,8 +83,9 @@ def answered(texts: list[str], answers: list[str], finish_reasons=None) -> list[
 
 def accuracy_reward(completions, answer, finish_reason=None, **kwargs) -> list[float]:
     """``R_VR``: 1.0 when the completion answers its problem (:func:`answered`), else 0.0."""
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [float(x) for x in answered(texts, answer, finish_reason)]
+    from ..hf.rl_adapters import completion_text
+
+    return [float(x) for x in answered([completion_text(c) for c in completions], answer, finish_reason)]
 
 
 def _evaluate(rollouts, trainer, rows: list[dict], r: RLRecipe) -> dict:

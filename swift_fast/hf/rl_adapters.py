@@ -70,7 +70,7 @@ def trl_prompts(tokenizer, prompts, trainer) -> tuple[list, list[list[int]], dic
     return given, prompt_token_ids(tokenizer, given, chat_template_kwargs=kwargs), kwargs
 
 
-def _completion_text(c) -> str:
+def completion_text(c) -> str:
     if isinstance(c, str):
         return c
     if isinstance(c, (list, tuple)) and c and isinstance(c[-1], dict):
@@ -100,7 +100,7 @@ def trl_sar_reward(
                 "prompts; this tokenizer has no BOS token to stand for it"
             )
         if completion_ids is None:
-            r_ids = response_token_ids(tokenizer, [_completion_text(c) for c in completions])
+            r_ids = response_token_ids(tokenizer, [completion_text(c) for c in completions])
         else:
             r_ids = [[int(t) for t in ids] for ids in completion_ids]
         was_training = model.training
