@@ -182,3 +182,51 @@ def test_eval_takes_the_first_n_candidates(tmp_path, capsys):
         assert main(["eval", str(f), flag, "2", "--plot", "none", "--json", str(js), "--bootstrap", "20"]) == 0
         acc = {r["name"]: r["accuracy"] for r in json.loads(js.read_text())["selectors"].values()}
         assert set(acc["oracle pass@k"]) == {"1", "2"}
+
+
+def test_eval_is_headed_by_the_heads_recommended_selector(tmp_path, capsys):
+    """The head named by --head, or by the rollouts' run record while its file is unchanged,
+    heads the report with its recommended selector; --select and --score choose otherwise.
+    Outcomes by hand: the vote at T=0.1 follows the highest score's answer (p0 "7": right; p1
+    "1": wrong), at T=100 it is the majority's (p1 "2": right)."""
+    from swift_fast.jobs.run_record import record_path
+    from swift_fast.rewards.head import SwiftHead
+    from swift_fast.support.files import sha256_of
+
+    path = tmp_path / "r.jsonl"
+    write_rollouts(path, _problems())
+    head = SwiftHead(4, [0])
+    head.selector = {"select": "vote:swift@100"}
+    head_path = tmp_path / "h.safetensors"
+    head.save(head_path)
+
+    def headline(*args):
+        assert main(["eval", str(path), "--plot", "none", "--json", str(tmp_path / "s.json"), *args]) == 0
+        out = capsys.readouterr().out
+        return json.loads((tmp_path / "s.json").read_text())["summary"], out
+
+    s, out = headline("--head", str(head_path))
+    assert s["score"]["name"] == "SWIFT weighted vote (T=100)" and s["select"]["by"] == "recommended by h.safetensors"
+    assert "selected by vote:swift@100 (recommended by h.safetensors" in out
+    assert s["best_internal"]["accuracy"] >= 0 and "SWIFT weighted vote (T=100)" in out
+    s, _ = headline("--head", str(head_path), "--select", "vote:swift@0.1")
+    assert s["score"]["name"] == "SWIFT weighted vote (T=0.1)" and s["select"]["by"] == "--select"
+    s, _ = headline()  # no record: --score's default column, as before
+    assert s["score"]["name"] == "SWIFT" and "select" not in s
+    record = {"run_id": "x", "record": {"head": {"sha256": sha256_of(head_path)}}, "sources": {"head": str(head_path)}}
+    with open(record_path(path), "w") as f:
+        json.dump(record, f)
+    s, _ = headline()
+    assert s["score"]["name"] == "SWIFT weighted vote (T=100)"
+    s, _ = headline("--score", "swift_score")  # a column asked for by name heads the table
+    assert s["score"]["name"] == "SWIFT"
+    head.selector = {"select": "mean_logprob"}
+    head.save(head_path)  # rewritten since the run: the record no longer names this head
+    s, _ = headline()
+    assert s["score"]["name"] == "SWIFT"
+    t = report.bon_table(report.gather(_problems(), ["swift_score"]),
+                         report.with_selector({}, "vote:swift@0.1"), ks=[4], reps=10)
+    assert t.rows["SWIFT weighted vote (T=0.1)"][4] == pytest.approx(1 / 3)  # p0 right, p1 "1" wrong
+    t = report.bon_table(report.gather(_problems(), ["swift_score"]),
+                         report.with_selector({}, "vote:swift@100"), ks=[4], reps=10)
+    assert t.rows["SWIFT weighted vote (T=100)"][4] == pytest.approx(1 / 3)  # p0 "5" wrong, p1 "2" right

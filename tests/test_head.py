@@ -170,6 +170,40 @@ def test_state_norm_missing_key_loads_as_none(tmp_path):
     assert g.norm_eps is None and torch.equal(g.weight, torch.ones(2, 8))
 
 
+def test_the_recommended_selector_round_trips_and_old_heads_have_none(tmp_path):
+    """A head written before ``selector`` existed loads with none (it selects by its highest score
+    as it always did) and scores exactly as the same head written with one."""
+    from swift_fast.rewards.head import read_selector
+
+    h = SwiftHead(4, [0, 1])
+    h.selector = {"select": "vote:swift@0.5", "accuracy": {"swift": 0.4, "vote": 0.3}}
+    new, old = tmp_path / "new.safetensors", tmp_path / "old.safetensors"
+    h.save(new)
+    meta = {k: v for k, v in h.metadata().items() if k != "selector"}
+    save_file({"weight": h.weight.detach().contiguous(), "bias": h.bias.detach().contiguous()}, str(old), metadata=meta)
+    a, b = SwiftHead.load(new), SwiftHead.load(old)
+    assert a.selector == h.selector and a.recommended_select == "vote:swift@0.5" and read_selector(new) == h.selector
+    assert b.selector is None and b.recommended_select is None and read_selector(old) is None
+    from swift_fast.training.loop import head_scores
+
+    states = [torch.randn(7, 4), torch.randn(7, 4)]
+    cu = torch.tensor([0, 3, 7])
+    assert torch.equal(head_scores(a, states, cu), head_scores(b, states, cu))
+
+
+@pytest.mark.parametrize("bad", ['"vote"', '{"accuracy": 1}', '[1]', "{"])
+def test_a_malformed_selector_is_a_head_error_naming_the_file(tmp_path, bad):
+    from swift_fast.rewards.head import read_selector
+
+    p = tmp_path / "bad.safetensors"
+    save_file({"weight": torch.ones(2, 8), "bias": torch.zeros(2)}, str(p),
+              metadata=dict(SwiftHead(4, [0, 1]).metadata(), selector=bad))
+    with pytest.raises(HeadError, match="bad.safetensors"):
+        SwiftHead.load(p)
+    with pytest.raises(HeadError, match="bad.safetensors"):
+        read_selector(p)
+
+
 @pytest.mark.parametrize("eps", [-1e-6, float("nan"), float("inf"), "1e-6", True])
 def test_state_norm_bad_eps(eps):
     with pytest.raises(HeadError, match="norm_eps must be"):

@@ -611,3 +611,39 @@ def test_the_train_job_as_a_library_and_train_from_rollouts_settings(model_dir, 
     assert not res.fit and head.gate and head.provenance["select"] == "loss"
     with pytest.raises(TypeError, match=r"unknown keyword 'epochs' \(did you mean 'max_epochs'\?\)"):
         train_from_rollouts(model, problems, epochs=3)
+
+
+def test_train_records_the_selector_its_out_of_fold_evidence_picks(model_dir, model_and_tok, tmp_path, capsys):
+    """The probe's evidence is every problem scored by a fit that did not see it; the head file
+    records the selector that evidence picks, with the figures behind it. Majority vote's figure
+    is checked by a tally written out here, and the choice is the best figure (ties to the
+    selectors that need no head)."""
+    model, tok = model_and_tok
+    data = tmp_path / "rollouts.jsonl"
+    problems = _rollouts(tok, data, problems=20, n=8, seed=3)
+    g = torch.Generator().manual_seed(1)
+    for p in problems:  # the right answer is one number; wrong ones scatter over three
+        for c in p.candidates:
+            c["answer"] = "42" if c["correct"] else str(int(torch.randint(0, 3, (), generator=g)))
+    write_rollouts(data, problems)
+    out = tmp_path / "h.safetensors"
+    rc = main(["train", "--model", model_dir, "--rollouts", str(data), "--out", str(out), "--layers", "0,2",
+               "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    rec = SwiftHead.load(out).selector
+    assert rec["evidence"] == "out-of-fold" and rec["problems"] == 20 and rec["candidates"] == 160
+    assert f"recommended selector: {rec['select']}" in printed and json.loads(printed.splitlines()[-1])["selector"] == rec
+    wins = 0
+    for p in problems:
+        counts, first = {}, {}
+        for i, c in enumerate(p.candidates):
+            counts[c["answer"]] = counts.get(c["answer"], 0) + 1
+            first.setdefault(c["answer"], i)
+        top = max(counts, key=lambda a: (counts[a], -first[a]))
+        wins += p.candidates[first[top]]["correct"]
+    assert rec["accuracy"]["vote"] == pytest.approx(wins / 20)
+    assert set(rec["accuracy"]) == {"swift", "vote:swift@cv", "vote", "mean_logprob"}
+    order = ["vote", "mean_logprob", "swift", "vote:swift@cv"]
+    best = max(order, key=lambda k: (rec["accuracy"][k], -order.index(k)))
+    assert rec["select"] == (f"vote:swift@{rec['temperature']['chosen']:g}" if best == "vote:swift@cv" else best)

@@ -278,6 +278,36 @@ def test_the_removed_sar_system_prompt_key_says_what_replaced_it():
         PluginConfig.parse({"head": "h", "max_best_of_n": 0})
 
 
+def test_the_engine_selects_by_the_heads_recommendation_unless_told_otherwise(tmp_path):
+    """A head's recommended selector is the engine's default; a recommended vote without an answer
+    kind leaves requests without one to the highest score (``select_fallback``); a head without a
+    recommendation (written before it existed) selects by SWIFT as before."""
+    from swift_fast.vllm_plugin.config import PluginConfig, PluginConfigError
+
+    h = SwiftHead(4, [0, 1])
+    old = tmp_path / "old.safetensors"
+    h.save(old)
+    h.selector = {"select": "vote:swift@0.5"}
+    voting = tmp_path / "vote.safetensors"
+    h.save(voting)
+    h.selector = {"select": "mean_logprob"}
+    free = tmp_path / "free.safetensors"
+    h.save(free)
+    cfg = PluginConfig.parse({"head": str(voting)})
+    assert (cfg.select, cfg.select_fallback) == ("vote:swift@0.5", "swift")
+    cfg = PluginConfig.parse({"head": str(voting), "answer": "math"})
+    assert (cfg.select, cfg.select_fallback) == ("vote:swift@0.5", None)
+    cfg = PluginConfig.parse({"head": str(voting), "select": "sar", "sar": True})
+    assert (cfg.select, cfg.select_fallback) == ("sar", None)
+    assert PluginConfig.parse({"head": str(free)}).select == "mean_logprob"
+    assert (PluginConfig.parse({"head": str(old)}).select, PluginConfig.parse({}).select) == ("swift",
+                                                                                            "confidence_lowest_group")
+    h.selector = {"select": "vote:sar@1"}
+    h.save(voting)
+    with pytest.raises(PluginConfigError, match="recommended selector.*needs SAR"):
+        PluginConfig.parse({"head": str(voting)})
+
+
 def test_an_untested_vllm_version_is_named_at_start_up(monkeypatch, plugin_caplog):
     caplog = plugin_caplog
     import logging

@@ -19,7 +19,11 @@ pass@k. Each cell carries a 95% bootstrap confidence interval over problems.
 
 --score defaults to `swift_score`; rollouts without it (generated without a head) are headed by
 DeepConf's lowest-group confidence, the plugin's own default without a head (then the first
-head-free value the candidates have).
+head-free value the candidates have). The headline row is the selector the head recommends
+(`swift-fast train` records it in the head file: often a SWIFT-weighted vote, vote:swift@T) when
+the head is known: --head FILE, else the head the rollouts' run record names (`bon` and `collect`
+write `<rollouts stem>.run.json`) while that file is unchanged. --select names another headline
+selector (any of `bon`'s); --score alone heads the table with that column's highest value.
 
 SAR's rows (SAR alone, and its rank and scaled combinations with --score) are shown whenever the
 candidates have the SAR column (`sar`, as `bon --sar` and `score --sar` write it; --sar-column
@@ -53,6 +57,12 @@ def add_parser(sub, name, help_):
     p.add_argument("--score", help="candidate field to select by (default: swift_score; without it, the first "
                    "head-free value the candidates have: confidence_lowest_group, confidence_tail, "
                    "confidence_bottom10, mean_logprob)")
+    p.add_argument("--select", type=options.selector, metavar="SELECTOR",
+                   help="the headline selector (default: the head's recommended one, see --head; else --score's "
+                        f"column): {options.SELECTORS_HELP}")
+    p.add_argument("--head", metavar="FILE",
+                   help="the head whose recommended selector heads the report (default: the head named in the "
+                        "rollouts' run record, while that file is unchanged)")
     p.add_argument("--external",
                    help="a second score column (e.g. a reward model's) to combine with --score by rank and scaled")
     p.add_argument("--sar", action=argparse.BooleanOptionalAction, default=None,
@@ -177,6 +187,32 @@ def score_key(args, problems) -> str:
                     f"({', '.join(HEAD_FREE)}); name the column to select by with --score")
 
 
+def headline(args) -> tuple[str | None, str | None]:
+    """``(selector, why)`` heading the report: --select; else, unless --score was given, the
+    recommended selector of --head or of the head the rollouts' run record names; else
+    ``(None, None)`` (the --score column heads it). ``HeadError`` for an unreadable --head."""
+    from ..jobs.run_record import head_of
+    from ..rewards.head import read_selector
+
+    if args.select:
+        return args.select, "--select"
+    if args.score and not args.head:
+        return None, None
+    head = args.head or head_of(args.rollouts)
+    rec = read_selector(head) if head else None
+    if rec is None:
+        return None, None
+    return rec["select"], f"recommended by {os.path.basename(head)}"
+
+
+def _reads(select: str) -> list[str]:
+    """The columns a selector reads (``swift_score``, ``sar``, a head-free value)."""
+    from ..selection.by_value import FIELD, parse
+
+    kind, value = parse(select)
+    return ["swift_score", "sar"] if kind in ("rank", "scaled") else [FIELD[value]] if value else []
+
+
 def sar_key(args, problems) -> str | None:
     """The SAR column the report shows: --sar-column with --sar, none with --no-sar, and by default
     the column when some candidate has a number there (``bon --sar`` writes it; a model without a
@@ -203,19 +239,26 @@ def run(args) -> int:
             print(f"skipped {stats['skipped']} malformed lines (first: {stats['errors'][0]})", file=sys.stderr)
         if args.grade:
             regrade(problems, "lenient" if args.lenient_truncation else "strict")
+        select, by = headline(args)  # before --score's default: a column asked for by name heads the table
         args.score = score_key(args, problems)
         sar = sar_key(args, problems)
         keys = [k for k in (args.score, sar, args.external) if k]
         if not args.no_trivial:
             trace_columns(problems)
+        if select is not None:
+            keys += [k for k in _reads(select) if k not in keys]
         cands = report.gather(problems, keys, n=args.n, where=args.rollouts, signals=not args.no_trivial)
         ks = [int(x) for x in args.ks.split(",")] if args.ks else None
         trivial = None if args.no_trivial else report.trivial_selectors(cands)
-        table = report.bon_table(
-            cands, report.standard_selectors(args.score, args.external, sar, trivial), ks, reps=args.bootstrap
-        )
-        summary = report.selection_summary(cands, table, report.selector_name(args.score), reps=args.bootstrap)
-    except (DataError, ValueError) as e:
+        rows = report.standard_selectors(args.score, args.external, sar, trivial)
+        name = report.selector_name(args.score)
+        if select is not None:
+            rows, name = report.with_selector(rows, select), report.selector_row(select)
+        table = report.bon_table(cands, rows, ks, reps=args.bootstrap)
+        summary = report.selection_summary(cands, table, name, reps=args.bootstrap)
+        if select is not None:
+            summary["select"] = {"selector": select, "by": by}
+    except (DataError, ValueError) as e:  # HeadError and SelectorError are ValueErrors
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(report.format_table(table, ci=not args.no_ci))
@@ -224,7 +267,7 @@ def run(args) -> int:
         path = args.plot or os.path.splitext(args.rollouts)[0] + ".bon.png"
         where = os.path.join(os.path.basename(os.path.dirname(os.path.abspath(args.rollouts))),
                              os.path.basename(args.rollouts))
-        report.plot(table, path, title=f"Best-of-N on {where}", highlight=[report.selector_name(args.score)])
+        report.plot(table, path, title=f"Best-of-N on {where}", highlight=[summary["score"]["name"]])
         print(f"plot: {path}")
     if args.json:
         report.save_json(table, args.json, summary=summary, source=os.path.abspath(args.rollouts))

@@ -155,11 +155,11 @@ def run(args) -> int:
     except (DataError, HeadError, UnsupportedModelError, ValueError, FloatingPointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    _print_result(job.head_path, args.loss, job.result, job.card_path)
+    _print_result(job.head_path, args.loss, job.result, job.card_path, job.head.selector)
     return 0
 
 
-def _print_result(out: str, loss: str, result, card: str | None = None) -> None:
+def _print_result(out: str, loss: str, result, card: str | None = None, selector: dict | None = None) -> None:
     from ..hf.train import finite_or_none
     from ..training.baselines import format_baselines
 
@@ -178,12 +178,17 @@ def _print_result(out: str, loss: str, result, card: str | None = None) -> None:
         f"precision {_fig(vm['precision'])}, recall {_fig(vm['recall'])}"
     )
     print(format_baselines(result.baselines))
+    if selector:
+        from ..training.recommend import describe
+
+        print(describe(selector) + "; bon, eval, serve and the plugin select by it unless --select (\"select\") "
+              "says otherwise")
     if card:  # before the JSON line, which stays last
         print(f"model card: {card} (`swift-fast head info {out}` shows what the head holds; "
               "`swift-fast head push` uploads both)")
     print(json.dumps(finite_or_none(
         {"best_epoch": result.best_epoch, "fit": result.fit or None, "val": vm, "baselines": result.baselines,
-         "labels": result.labels}
+         "labels": result.labels, "selector": selector}
     ), default=str))
 
 

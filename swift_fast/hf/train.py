@@ -317,7 +317,8 @@ def _source(model, parts, head: SwiftHead, sp: _Split, cache_dir: str | None) ->
     }
     return HFFeatureSource(
         model, sp.seqs.sequences, sp.seqs.prompt_lengths, head.layers, head.alignment, head.feature, cache_dir, spec,
-        logprob_keys=[e.key for e in sp.val],
+        # every candidate: the selector's evidence (``_recommend``) measures the mean log-prob beside the head
+        logprob_keys=sp.keep,
     )
 
 
@@ -376,7 +377,24 @@ def train_from_rollouts(
     else:
         result = _epochs(head, source, sp, s, progress, on_epoch)
     data_path = os.fspath(rollouts) if isinstance(rollouts, (str, os.PathLike)) else None
+    head.selector = _recommend(result, sp, source, s.seed)
     return head, _provenance(head, result, sp, data_path, s, model)
+
+
+def _recommend(result: TrainResult, sp: _Split, source: HFFeatureSource, seed: int) -> dict | None:
+    """The selector the head is recommended with (``swift_fast.training.recommend``), from the
+    fit's evidence: its scores of unseen problems, the rollouts' graded answers, the mean log-probs."""
+    from ..training.recommend import recommend
+
+    ev = result.evidence
+    if not ev or not len(ev["keys"]):
+        return None
+    keys = list(ev["keys"])
+    refs = [sp.seqs.refs[k] for k in keys]
+    answers = [sp.seqs.problems[p].candidates[c].get("answer") for p, c in refs]
+    rec = recommend(ev["scores"], [bool(sp.seqs.labels[k]) for k in keys], [sp.seqs.problems[p].id for p, _ in refs],
+                    answers, {"mean_logprob": source.mean_logprobs(keys)}, evidence=ev["how"], seed=seed)
+    return finite_or_none(rec)
 
 
 def _epochs(head, source, sp: _Split, s: TrainSettings, progress: bool, on_epoch) -> TrainResult:

@@ -210,11 +210,12 @@ class BonResult:
     deepconf: dict | None = None
 
 
-def headline(head: str | None, config: BonConfig) -> str:
-    """The run's headline selector: ``config.select``, else ``swift`` with a head and DeepConf's
-    lowest group confidence without; ``SelectorError`` (a ``ValueError``) when it needs what the
-    run lacks (a head, SAR). The answers a vote reads are the graded ones: always there."""
-    select = config.select or ("swift" if head is not None else DEFAULT_HEAD_FREE)
+def headline(head: str | None, config: BonConfig, recommended: str | None = None) -> str:
+    """The run's headline selector: ``config.select``, else the head's ``recommended`` selector
+    (``SwiftHead.recommended_select``), else ``swift`` with a head and DeepConf's lowest group
+    confidence without; ``SelectorError`` (a ``ValueError``) when it needs what the run lacks (a
+    head, SAR). The answers a vote reads are the graded ones: always there."""
+    select = config.select or recommended or ("swift" if head is not None else DEFAULT_HEAD_FREE)
     parse(select, where="--select")  # an unknown name: SelectorError naming it and the selectors
     need = needs(select)
     missing = [what for what, want, have in (("a SWIFT head (--head)", need.head, head is not None),
@@ -247,13 +248,15 @@ def run_bon(model: str, head: str | None, data: str, out: str | os.PathLike | No
     config = config or BonConfig()
     n = config.collect.n
     _check_settings(config, head)
-    select = headline(head, config)
+    headline(head, config)  # an impossible --select fails before a head is downloaded
     out = default_out(data, n) if out is None else os.fspath(out)
     base = os.path.splitext(out)[0]
-    alignment = "predicting"  # without a head, no signal waits for a token's states
+    alignment, recommended = "predicting", None  # without a head, no signal waits for a token's states
     if head is not None:
         head = resolve_head(head)  # a Hub repository id becomes its file in the Hugging Face cache
-        alignment = SwiftHead.load(head).alignment  # a bad head file fails before any work
+        loaded = SwiftHead.load(head)  # a bad head file fails before any work
+        alignment, recommended = loaded.alignment, loaded.recommended_select
+    select = headline(head, config, recommended)
     examples = load_dataset(data, kind=config.kind, limit=config.limit)
     engine = replace(config.engine, engine="vllm")
     parallel_kwargs(engine, "vllm")  # checked here: a bad setting fails before the engine starts
@@ -266,6 +269,8 @@ def run_bon(model: str, head: str | None, data: str, out: str | os.PathLike | No
     ids = {str(ex.id) for ex in examples}
     problems = [p for p in read_rollouts(out) if p.id in ids]
     result.table, result.summary = _table(problems, out, config, head is not None, select)
+    result.summary["select"] = {"selector": select, "by": "--select" if config.select else
+                                "the head's recommendation" if recommended else "default"}
     if config.plot:
         result.plot = report.plot(result.table, config.plot_path or base + ".bon.png",
                                   title=f"{os.path.basename(model)} on {os.path.basename(str(data))}",

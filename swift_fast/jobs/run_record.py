@@ -158,6 +158,20 @@ def read_sidecar(out: str | os.PathLike) -> dict | None:
     return d if isinstance(d, dict) and isinstance(d.get("record"), dict) else None
 
 
+def head_of(out: str | os.PathLike) -> str | None:
+    """The head file that scored the rollouts at ``out``, as their record names it, when that file
+    is still there with the same contents (sha256); None otherwise (no record, a head-free run, a
+    head moved or rewritten since)."""
+    d = read_sidecar(out)
+    if d is None:
+        return None
+    path = (d.get("sources") or {}).get("head")
+    digest = (d["record"].get("head") or {}).get("sha256")
+    if not path or not digest or not os.path.isfile(path):
+        return None
+    return path if sha256_of(path) == digest else None
+
+
 def write_sidecar(out: str | os.PathLike, run: RunRecord) -> None:
     """Write ``run``'s sidecar beside ``out`` (whole or not at all: through a temporary file)."""
     path = record_path(out)

@@ -125,8 +125,10 @@ def vote_weight(key: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: torch.where(x == float("-inf"), 0.0, fn(x))
 
 
-def choose_weighted(key: str) -> Chooser:
-    return lambda c, k: bon.weighted_vote(_answers(c, k), c.scores[key], k, weight=vote_weight(key))
+def choose_weighted(key: str, weight: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Chooser:
+    """A vote weighted by column ``key``: ``weight`` of its values (default :func:`vote_weight`)."""
+    fn = weight or vote_weight(key)
+    return lambda c, k: bon.weighted_vote(_answers(c, k), c.scores[key], k, weight=fn)
 
 
 def weighted(key: str) -> Selector:
@@ -226,7 +228,10 @@ def selector_row(selector: str) -> str:
     if kind in by_value.COMBINATIONS:
         return f"{selector_name('swift_score')}+{selector_name('sar')} {kind}"
     if kind == "vote":
-        return "majority" if value is None else f"{selector_name(by_value.FIELD[value])} weighted vote"
+        if value is None:
+            return "majority"
+        t = by_value.temperature(selector)
+        return f"{selector_name(by_value.FIELD[value])} weighted vote" + ("" if t is None else f" (T={t:g})")
     return selector_name(by_value.FIELD[value])
 
 
@@ -239,7 +244,12 @@ def selector_chooser(selector: str) -> Chooser:
     if kind == "scaled":
         return choose_scaled("swift_score", "sar")
     if kind == "vote":
-        return choose_majority if value is None else choose_weighted(by_value.FIELD[value])
+        if value is None:
+            return choose_majority
+        if by_value.temperature(selector) is None:
+            return choose_weighted(by_value.FIELD[value])
+        # a missing value reaches the weight as -inf (``bon._scores``), which weighs exp(-inf) = 0
+        return choose_weighted(by_value.FIELD[value], by_value.vote_weight(selector))
     return choose_best(by_value.FIELD[value])
 
 
@@ -583,7 +593,9 @@ def summary_text(s: dict) -> str:
     selector, the best score row against majority, and the truncated candidates."""
     d = s["swift_minus_single"]
     k, name = s["k"], s["score"]["name"]
-    lines = [
+    lines = [f"selected by {s['select']['selector']} ({s['select']['by']}; --select chooses another)"] if s.get(
+        "select") else []
+    lines += [
         f"single-sample accuracy {100 * s['single_sample_accuracy']:.1f}% (mean over all {k} candidates of each "
         f"problem); {name}@{k} minus single sample {_points(d)} ({d['method']})",
     ]

@@ -3,7 +3,8 @@
 File format (``swift_fast.head/1``, safetensors, no pickle): tensors ``weight`` ``[2, k*d]``
 (row 0 gate, row 1 reward; ``[1, k*d]`` without gate) and ``bias`` ``[2]`` / ``[1]``, float32;
 string metadata ``format``, ``hidden_size``, ``layers`` (JSON), ``gate``, ``alignment``,
-``feature``, ``model``, ``model_fingerprint`` (JSON), ``provenance`` (JSON) and ``state_norm``.
+``feature``, ``model``, ``model_fingerprint`` (JSON), ``provenance`` (JSON), ``state_norm`` and
+``selector``.
 
 ``state_norm`` (JSON): ``null`` (no normalisation), or ``{"type": "rms", "eps": <float>}``: each
 selected state ``h`` (``[d]``, the residual stream as stored, squared and averaged in float32) is
@@ -11,6 +12,12 @@ divided by ``sqrt(mean(h^2) + eps)`` before the projection, as the SWIFT code's 
 does with the model's final RMSNorm; the norm's gain ``g`` is already folded into ``weight``
 (``weight[:, l*d:(l+1)*d] = g * w_l``), so scoring needs only each token's rms per state.
 Files without the key (written before it existed) load as ``null``.
+
+``selector`` (JSON): ``null``, or the selector ``swift-fast train`` recommends using the head with,
+measured on its validation evidence (``swift_fast.training.recommend``): ``{"select":
+"vote:swift@0.5", "accuracy": {...}, ...}``. ``bon``, ``eval``, the reports and the plugin select
+by ``select`` unless told otherwise; a head without one (written before the key existed, or by
+other code) selects by its highest score, as it always did.
 """
 
 from __future__ import annotations
@@ -177,6 +184,13 @@ class SwiftHead(nn.Module):
         self.model_name: str = ""
         self.model_fingerprint: dict | None = None
         self.provenance: dict = {}
+        #: the recommended selector and its evidence (module docstring), or None
+        self.selector: dict | None = None
+
+    @property
+    def recommended_select(self) -> str | None:
+        """The selector this head's training recommends (``"vote:swift@0.5"``), None without one."""
+        return (self.selector or {}).get("select")
 
     @property
     def num_features(self) -> int:
@@ -242,6 +256,7 @@ class SwiftHead(nn.Module):
             "model_fingerprint": json.dumps(self.model_fingerprint),
             "provenance": json.dumps(self.provenance, sort_keys=True, default=str),
             "state_norm": json.dumps(None if self.norm_eps is None else {"type": "rms", "eps": self.norm_eps}),
+            "selector": json.dumps(self.selector, sort_keys=True, default=str),
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -290,6 +305,7 @@ class SwiftHead(nn.Module):
             head.model_name = meta.get("model", "")
             head.model_fingerprint = json.loads(meta.get("model_fingerprint", "null"))
             head.provenance = json.loads(meta.get("provenance", "{}"))
+            head.selector = _selector_from_meta(meta.get("selector", "null"))
         except (KeyError, ValueError, TypeError) as e:
             raise HeadError(f"{path}: malformed head metadata ({type(e).__name__}: {e})") from e
         w, b = tensors["weight"], tensors["bias"]
@@ -321,6 +337,32 @@ def _check_norm_eps(norm_eps, feature: str) -> float | None:
     if not (math.isfinite(eps) and eps >= 0.0):
         raise HeadError(f"norm_eps must be finite and >= 0, got {norm_eps!r}")
     return eps
+
+
+def _selector_from_meta(text: str) -> dict | None:
+    """``selector`` metadata -> the record, None for ``null``; a ValueError for anything else than a
+    record with a string ``select`` (the caller names the file)."""
+    rec = json.loads(text)
+    if rec is None:
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("select"), str):
+        raise ValueError(f"selector must be null or a record with a 'select' string, got {text[:120]!r}")
+    return rec
+
+
+def read_selector(path: str | os.PathLike) -> dict | None:
+    """The ``selector`` record of the head file at ``path`` (metadata only: no tensor is read),
+    None when it has none. Raises ``HeadError`` for a file that is not a readable head."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(os.fspath(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        return _selector_from_meta(meta.get("selector", "null"))
+    except (SafetensorError, OSError) as e:
+        raise HeadError(f"{path} is not a readable safetensors head file ({e})") from e
+    except ValueError as e:
+        raise HeadError(f"{path}: malformed head metadata ({e})") from e
 
 
 def _norm_eps_from_meta(text: str) -> float | None:

@@ -18,6 +18,13 @@ A *selector* names how one candidate is chosen among a request's (or a problem's
     The weight (:data:`VOTE_WEIGHTS`): the confidence itself (DeepConf's rule: confidences are
     positive), ``sigmoid(swift)`` (the SWIFT paper's weighted vote), ``exp(mean_logprob)`` (the
     geometric-mean token probability) and ``(1 + sar) / 2`` (SAR mapped from [-1, 1] to [0, 1]).
+``vote:<value>@<T>``
+    each candidate adds ``exp(value / T)`` to its answer (``T > 0``, a temperature): a large ``T``
+    is majority vote, a small one the answer of the highest value. Between the two, a score
+    that is right more often than not about *which* candidate is better, but not sure enough to
+    overrule a clear majority, adds what it knows to the vote. ``swift-fast train`` chooses
+    ``T`` for its head by cross-validation and records ``vote:swift@T`` when the evidence picks
+    it (:mod:`swift_fast.training.recommend`).
 
 A selector that needs what an engine or a file does not have is refused by name
 (:func:`check_selector`), never answered with a pick among missing values. The same holds for a
@@ -68,14 +75,57 @@ class Available(NamedTuple):
 
 
 def all_selectors() -> list[str]:
-    return list(VALUES) + list(COMBINATIONS) + ["vote"] + [f"vote:{v}" for v in VALUES]
+    return list(VALUES) + list(COMBINATIONS) + ["vote"] + [f"vote:{v}" for v in VALUES] + ["vote:<value>@<T>"]
+
+
+def temperature(selector: Any) -> float | None:
+    """The ``T`` of a ``vote:<value>@<T>`` selector, None for any other selector (its weight is
+    ``VOTE_WEIGHTS``'); a :class:`SelectorError` for a ``T`` that is not a positive finite number."""
+    if not isinstance(selector, str) or "@" not in selector or not selector.strip().startswith("vote:"):
+        return None
+    text = selector.strip().rsplit("@", 1)[1]
+    try:
+        t = float(text)
+    except ValueError:
+        t = math.nan
+    if not (math.isfinite(t) and t > 0):
+        raise SelectorError(f"{selector!r}: the temperature after @ must be a positive number (vote:swift@0.5), "
+                            f"got {text!r}")
+    return t
+
+
+def vote_weight(selector: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The weight a vote ``selector`` gives each candidate, on values ``[..., k]`` (one row per
+    group; a missing value is NaN): ``VOTE_WEIGHTS[value]``, or for ``vote:<value>@<T>``
+    ``exp((value - max) / T)`` with the row's largest value as ``max`` (the same vote as
+    ``exp(value / T)``, without overflow). A missing value weighs 0 either way."""
+    kind, value = parse(selector)
+    if kind != "vote" or value is None:
+        raise SelectorError(f"{selector!r} is not a weighted vote")
+    t = temperature(selector)
+    if t is None:
+        fn = VOTE_WEIGHTS[value]
+    else:
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            top = torch.nan_to_num(x, nan=-math.inf).amax(-1, keepdim=True)
+            return torch.exp((x - torch.where(torch.isfinite(top), top, 0.0)) / t)
+    return lambda x: torch.nan_to_num(fn(x), nan=0.0)
 
 
 def parse(selector: Any, where: str = "select") -> tuple[str, str | None]:
     """``(kind, value)``: kind ``"value"`` (value named), ``"rank"``, ``"scaled"``, ``"vote"``
-    (value None: majority, else the weight). Raises :class:`SelectorError` for an unknown name."""
+    (value None: majority, else the weight; ``vote:<value>@<T>``'s ``T``: :func:`temperature`).
+    Raises :class:`SelectorError` for an unknown name."""
     if isinstance(selector, str):
         s = selector.strip()
+        if s.startswith("vote:") and "@" in s:
+            base = s.rsplit("@", 1)[0]
+            if base[5:] in VALUES:
+                try:
+                    temperature(s)
+                except SelectorError as e:
+                    raise SelectorError(f"{where}: {e}") from None
+                return "vote", base[5:]
         if s in VALUES:
             return "value", s
         if s in COMBINATIONS:
@@ -162,6 +212,5 @@ def choose(values: dict[str, Sequence[float | None]], selector: str,
     if value is None:
         return int(bon.majority_vote([list(answers)], n)[0])
     # a missing weight adds nothing (NaN would poison the tally)
-    w = VOTE_WEIGHTS[value](torch.tensor(row(value), dtype=torch.float64))
-    w = torch.where(torch.isnan(w), torch.zeros_like(w), w)
+    w = vote_weight(selector)(torch.tensor(row(value), dtype=torch.float64))
     return int(bon.weighted_vote([list(answers)], w, n, weight=lambda x: x)[0])

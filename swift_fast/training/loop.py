@@ -83,6 +83,9 @@ class TrainResult:
     #: the probe's fit (``swift_fast.training.probe.train_probe``): strengths, the chosen one, refit; empty
     #: for the epoch loop
     fit: dict = field(default_factory=dict)
+    #: scores of candidates whose problem the head's fit never saw, for choosing the head's selector
+    #: (``swift_fast.training.recommend``): ``{"keys": [...], "scores": float64 [len(keys)], "how": words}``
+    evidence: dict = field(default_factory=dict)
 
 
 # -- scoring ---------------------------------------------------------------------------------
@@ -405,4 +408,6 @@ def train_head(
         labels=balance,
         baselines=baselines_of(source, val, kept.scores, kept.tokens, s.seed),
         select=select,
+        evidence={"keys": [e.key for e in val], "scores": torch.as_tensor(kept.scores).double().flatten(),
+                  "how": "validation"},
     )

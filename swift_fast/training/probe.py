@@ -148,9 +148,17 @@ def check_probe_split(balance: dict, folds: int) -> str | None:
 
 def choose_lambda(z: torch.Tensor, y: torch.Tensor, problems: Sequence[str], lams: Sequence[float] = DEFAULT_LAMBDAS,
                   folds: int = DEFAULT_FOLDS, seed: int = 0, bar=None) -> tuple[float, list[dict]]:
+    """``cross_validate``'s strength and records (its out-of-fold scores dropped)."""
+    lam, records, _ = cross_validate(z, y, problems, lams, folds, seed, bar)
+    return lam, records
+
+
+def cross_validate(z: torch.Tensor, y: torch.Tensor, problems: Sequence[str], lams: Sequence[float] = DEFAULT_LAMBDAS,
+                   folds: int = DEFAULT_FOLDS, seed: int = 0, bar=None) -> tuple[float, list[dict], torch.Tensor]:
     """The L2 strength whose out-of-fold scores have the best within-problem AUC (ties to the
-    stronger), and one record per strength (``cv_within_problem_auc``, ``cv_loss``: the mean
-    BCE of the out-of-fold scores, ``selected_by``). Where no problem has both kinds of
+    stronger), one record per strength (``cv_within_problem_auc``, ``cv_loss``: the mean BCE of
+    the out-of-fold scores, ``selected_by``) and the chosen strength's out-of-fold scores
+    (float64 ``[N]``). Where no problem has both kinds of
     candidate the AUC is undefined and the lowest out-of-fold loss decides. ``z`` standardised
     ``[N, F]``; folds by problem. Standardisation is over all of ``z`` (labels play no part)."""
     lams = sorted(lams, reverse=True)
@@ -182,7 +190,7 @@ def choose_lambda(z: torch.Tensor, y: torch.Tensor, problems: Sequence[str], lam
         best = min(range(len(lams)), key=lambda i: (records[i]["cv_loss"], i))
     for r in records:
         r["selected_by"] = "within_problem_auc" if by_pairs else "loss"
-    return lams[best], records
+    return lams[best], records, oof[best].double()
 
 
 def fit_head(head: SwiftHead, x: torch.Tensor, y: torch.Tensor, lam: float) -> FeatureScale:
@@ -239,7 +247,7 @@ def train_probe(head: SwiftHead, source, train: list, val: list, lams: Sequence[
     bar = phase("probe fits", total=folds * len(lams) + 1 + int(refit), unit="fit", enabled=progress)
     scale = pooled_scale(x[:nt])
     zt = _standardise(x[:nt], scale)
-    lam, records = choose_lambda(zt, y[:nt], [e.problem for e in train], lams, folds, seed, bar)
+    lam, records, oof = cross_validate(zt, y[:nt], [e.problem for e in train], lams, folds, seed, bar)
     w, b = fit_logistic(zt, y[:nt], lam)
     bar.update(1)
     train_loss = float(F.binary_cross_entropy_with_logits(zt @ w + b, y[:nt]))
@@ -264,4 +272,8 @@ def train_probe(head: SwiftHead, source, train: list, val: list, lams: Sequence[
         train_metrics={"loss": train_loss}, labels=balance, baselines=baselines, select="pairs",
         fit={"solver": "probe", "lambda": lam, "lambdas": sorted(lams, reverse=True), "folds": folds,
              "refit": refit, "candidates": len(examples) if refit else nt},
+        # every problem once, scored by a fit that did not see it: the training problems out of fold (at
+        # the chosen strength), the validation problems by the fit on the training ones
+        evidence={"keys": [e.key for e in examples], "scores": torch.cat([oof, s_val.double()]),
+                  "how": "out-of-fold"},
     )

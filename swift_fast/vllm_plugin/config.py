@@ -21,7 +21,7 @@ Keys:
     the kind of final answer the front end extracts from each finished candidate, for the votes
     ``select`` may ask for and DeepConf's consensus stop: ``"math"``, ``"choice"``, ``"boolean"``
     or ``"literal"`` (:mod:`swift_fast.grading.answers`).
-``select`` (default ``"swift"`` with a head, else ``"confidence_lowest_group"``)
+``select`` (default: the head's recommended selector, else ``"swift"`` with a head, else ``"confidence_lowest_group"``)
     what server-side Best-of-N (``"best_of_n": N`` in a request body; a request may name its own
     ``"select"``) chooses by: a value (``"swift"``, ``"sar"``, ``"mean_logprob"``,
     ``"confidence_lowest_group"``, ``"confidence_tail"``, ``"confidence_bottom10"``), a
@@ -29,7 +29,11 @@ Keys:
     answers (``"vote"``: majority; ``"vote:<value>"``: weighted by that value, DeepConf's
     ``"vote:confidence_tail"`` for instance), which needs ``answer``. A choice that needs a head
     (``swift``, ``rank``, ``scaled``) is refused without one, and one that needs SAR without ``sar``
-    (:mod:`swift_fast.selection.by_value`).
+    (:mod:`swift_fast.selection.by_value`). A head trained by ``swift-fast train`` records the
+    selector its validation evidence picked (``SwiftHead.selector``; ``vote:swift@T``, a vote
+    weighted by ``exp(score / T)``, is common): that is the default. Where it is a vote and the
+    engine has no ``answer``, a request that gives its own ``"answer"`` votes, and the others
+    choose by the highest SWIFT score, their ``best_of_n`` saying so in ``select_fallback``.
 ``max_best_of_n`` (default 64)
     the largest ``best_of_n`` a server request may ask for. Each candidate is a sequence in the
     engine (and, with SAR, one question-removed pass more), so an unbounded N lets one request
@@ -65,14 +69,15 @@ dict, so the server also takes the flat keys in brackets):
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..definitions import KINDS
 from ..hf.hub import resolve_head_lenient
 from ..rewards.confidence import DEFAULT_WINDOW
-from ..rewards.head import HeadError, SwiftHead
-from ..selection.by_value import DEFAULT_HEAD_FREE, Available, SelectorError, check_prune, check_selector
+from ..rewards.head import HeadError, SwiftHead, read_selector
+from ..selection.by_value import DEFAULT_HEAD_FREE, Available, SelectorError, check_prune, check_selector, needs
 from ..selection.deepconf import DeepConfConfig, DeepConfConfigError
 from ..selection.pruning import PruneConfig, PruneConfigError
 
@@ -99,6 +104,9 @@ class PluginConfig:
     deepconf: DeepConfConfig | None = None
     confidence_window: int = DEFAULT_WINDOW
     answer: str | None = None
+    #: where ``select`` is the head's recommended vote and the engine has no ``answer`` kind: what a
+    #: request without its own ``"answer"`` selects by instead (its highest score), None otherwise
+    select_fallback: str | None = None
 
     @property
     def has_head(self) -> bool:
@@ -160,9 +168,15 @@ class PluginConfig:
                 f'additional_config["{KEY}"]["answer"] must be one of {list(KINDS)} or null, got {answer!r}'
             )
         have = Available(head=head is not None, sar=sar, answers=answer is not None)
-        select = section.get("select", "swift" if head is not None else DEFAULT_HEAD_FREE)
+        # the front end writes the resolved path back into the section (prepare_config): the
+        # engine's other processes read that file, never the Hub
+        head_path = resolve_head_lenient(head) if head is not None else None
+        select, fallback = _default_select(section.get("select"), head_path, answer)
         try:
-            check_selector(select, have, where=f'additional_config["{KEY}"]["select"]')
+            if fallback is not None:
+                # a vote this engine cannot run without an answer kind: a request that names one votes
+                check_selector(select, have._replace(answers=True), where="the head's recommended selector")
+            check_selector(fallback or select, have, where=f'additional_config["{KEY}"]["select"]')
             prune = PruneConfig.parse(section.get("prune"), where=f'additional_config["{KEY}"]["prune"]')
             if prune is not None:
                 check_prune(prune, have, where=f'additional_config["{KEY}"]["prune"]')
@@ -172,11 +186,8 @@ class PluginConfig:
                                     'SWIFT score, which needs a SWIFT head ("head"); use signal "confidence"')
         except (SelectorError, PruneConfigError, DeepConfConfigError) as e:
             raise PluginConfigError(str(e)) from None
-        # the front end writes the resolved path back into the section (prepare_config): the
-        # engine's other processes read that file, never the Hub
-        head_path = resolve_head_lenient(head) if head is not None else None
         return cls(head_path=head_path, sar=sar, sar_context=context, select=select, max_best_of_n=max_bon,
-                   prune=prune, deepconf=deepconf, confidence_window=window, answer=answer)
+                   prune=prune, deepconf=deepconf, confidence_window=window, answer=answer, select_fallback=fallback)
 
     @property
     def available(self) -> "Available":
@@ -362,3 +373,23 @@ def check_engine(vllm_config: Any, head: SwiftHead | None) -> None:
             "there, where the head's partial sums cannot travel with them. Use vLLM's multiprocessing or Ray "
             "backend, or tensor parallelism"
         )
+
+
+def _default_select(asked: str | None, head_path: str | None, answer: str | None) -> tuple[str, str | None]:
+    """``(select, fallback)``: the selector asked for; else the one the head file recommends
+    (``SwiftHead.selector``, read from its metadata); else SWIFT with a head and DeepConf's lowest
+    group confidence without. ``fallback`` is ``"swift"`` where the head recommends a vote and
+    the engine has no answer kind (requests that give one vote), None otherwise."""
+    if asked is not None:
+        return asked, None
+    if head_path is None:
+        return DEFAULT_HEAD_FREE, None
+    recommended = None
+    if os.path.isfile(head_path):
+        try:
+            recommended = (read_selector(head_path) or {}).get("select")
+        except HeadError as e:
+            raise PluginConfigError(str(e)) from None
+    if recommended is None:
+        return "swift", None
+    return recommended, ("swift" if needs(recommended).answers and answer is None else None)

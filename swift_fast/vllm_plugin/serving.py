@@ -16,8 +16,10 @@ returns, per prompt, only the one the selector picks, with::
                   "values": {"mean_logprob": [...N], "confidence_lowest_group": [...N], ...},
                   "sar": [...N] (SAR on), "answers": [...N] (a vote)}
 
-The selector is the request's ``"select"`` body field, else the engine's ``select`` (SWIFT with a
-head, DeepConf's lowest group confidence without): any selector of
+The selector is the request's ``"select"`` body field, else the engine's ``select`` (the head's
+recommended selector, else SWIFT with a head, DeepConf's lowest group confidence without; where
+the head recommends a vote and neither the request nor the engine names an ``"answer"`` kind,
+the highest SWIFT score, with ``best_of_n.select_fallback`` saying why): any selector of
 :mod:`swift_fast.selection.by_value` (a value, ``rank``/``scaled``, ``vote`` or ``vote:<value>``),
 picked by ``by_value.choose`` (ties go to the lowest index; a candidate without the value never
 wins over one with). One that needs what the engine lacks is a 400 naming the selector and what
@@ -163,6 +165,9 @@ def _selection(request, fe, n: int | None) -> tuple[str | None, str | None, str 
     kind = extra.get("answer", fe.cfg.answer)
     if kind is not None and kind not in KINDS:
         return None, None, f"answer must be one of {list(KINDS)} (the kind of final answer a vote reads), got {kind!r}"
+    if "select" not in extra and kind is None and fe.cfg.select_fallback is not None:
+        # the head recommends a vote and nothing says how to read this request's answers
+        return fe.cfg.select_fallback, None, None
     try:
         check_selector(select, fe.cfg.available._replace(answers=kind is not None), where="select")
     except SelectorError as e:
@@ -239,8 +244,10 @@ def _text(choice) -> str:
     return text or ""
 
 
-async def _reduce(response, n: int, fe, select: str, kind: str | None, outputs: list | None) -> None:
-    """Keep the choice ``select`` picks of each group of ``n`` consecutive choices (prompt-major)."""
+async def _reduce(response, n: int, fe, select: str, kind: str | None, outputs: list | None,
+                  fallback: bool = False) -> None:
+    """Keep the choice ``select`` picks of each group of ``n`` consecutive choices (prompt-major);
+    ``fallback``: ``select`` stands in for the head's recommended vote (``select_fallback``)."""
     from ..grading import extract_many
     from ..selection.by_value import choose
 
@@ -265,6 +272,10 @@ async def _reduce(response, n: int, fe, select: str, kind: str | None, outputs: 
                   else sum(f.get("swift_tokens") or 0 for f in fields))
         info = {"n": n, "index": best, "select": select, "swift_scores": values["swift_score"], "pruned": pruned,
                 "tokens": tokens, "values": {v: values[v] for v in HEAD_FREE}}
+        if fallback:
+            info["select_fallback"] = (f"the head recommends {fe.cfg.select}, a vote over final answers, and this "
+                                       'request names no "answer" kind: chosen by its highest SWIFT score instead '
+                                       '(give the request an "answer" field, or start the server with --answer)')
         if fe.cfg.sar:
             info["sar"] = values["sar"]
         if mine is not None:
@@ -304,7 +315,9 @@ def _with_best_of_n(orig):
         finally:
             _OUTPUTS.reset(token)
         if not isinstance(response, ErrorResponse):
-            await _reduce(response, n, fe, select, kind, outputs or None)
+            asked = "select" in (getattr(request, "model_extra", None) or {})
+            fallback = not asked and fe.cfg.select_fallback is not None and select == fe.cfg.select_fallback
+            await _reduce(response, n, fe, select, kind, outputs or None, fallback)
         return response
 
     return create
