@@ -633,7 +633,8 @@ def test_train_records_the_selector_its_out_of_fold_evidence_picks(model_dir, mo
     printed = capsys.readouterr().out
     rec = SwiftHead.load(out).selector
     assert rec["evidence"] == "out-of-fold" and rec["problems"] == 20 and rec["candidates"] == 160
-    assert f"recommended selector: {rec['select']}" in printed and json.loads(printed.splitlines()[-1])["selector"] == rec
+    assert f"recommended selector: {rec['select']}" in printed
+    assert json.loads(printed.splitlines()[-1])["selector"] == rec
     wins = 0
     for p in problems:
         counts, first = {}, {}
@@ -647,3 +648,51 @@ def test_train_records_the_selector_its_out_of_fold_evidence_picks(model_dir, mo
     order = ["vote", "mean_logprob", "swift", "vote:swift@cv"]
     best = max(order, key=lambda k: (rec["accuracy"][k], -order.index(k)))
     assert rec["select"] == (f"vote:swift@{rec['temperature']['chosen']:g}" if best == "vote:swift@cv" else best)
+
+
+def test_the_curves_harness_fits_the_probe_as_train_does(model_dir, model_and_tok, tmp_path):
+    """``demo real-curves``'s probe is ``train``'s: on the same rollouts its held-out scores are the
+    trained head's (scored by the model), its evidence is train's recorded selector's. Vote labels
+    and the pairwise fit are checked by hand."""
+    from swift_fast.demo import real_curves as C
+
+    model, tok = model_and_tok
+    data = tmp_path / "rollouts.jsonl"
+    problems = _rollouts(tok, data, problems=20, n=8, seed=4)
+    g = torch.Generator().manual_seed(2)
+    for p in problems:
+        for c in p.candidates:
+            c["answer"] = "42" if c["correct"] else str(int(torch.randint(0, 3, (), generator=g)))
+    write_rollouts(data, problems)
+    pooled = C.pooled(model, str(data), str(tmp_path / "curves" / "train.pt"), held_out=True, log=lambda *_: None)
+    again = C.pooled(model, str(data), str(tmp_path / "curves" / "train.pt"), held_out=True)  # read back
+    assert torch.equal(pooled.x, again.x) and set(pooled.values) >= {"mean_logprob", "confidence_tail"}
+    score, evidence = C.fit_variant("probe", pooled, sorted({p.id for p in problems}), seed=0)
+    head, _ = train_from_rollouts(model, str(data), progress=False)
+    seqs = [p.prompt_token_ids + c["token_ids"] for p in problems for c in p.candidates]
+    plens = [len(p.prompt_token_ids) for p in problems for c in p.candidates]
+    torch.testing.assert_close(score(pooled.x).float(), swift_scores(model, head, seqs, plens).float(),
+                               rtol=1e-3, atol=1e-3)
+    assert evidence["lambda"] == head.provenance["lambda"] and len(evidence["rows"]) == 160
+    test = C.HeldOut(pooled)
+    point = C.evaluate("probe", 20, score, evidence, pooled, test)
+    assert point["recommended"] == head.selector["select"] and point["evidence"] == head.selector["accuracy"]
+
+    # the vote as a label: the most frequent answer (ties: the earliest), no answer never agrees
+    y = C.vote_labels(["3", "4", "4", None, "3", "9", None], ["a", "a", "a", "a", "b", "b", "c"])
+    assert y.tolist() == [0, 1, 1, 0, 1, 0, 0]
+    # the pairwise fit is at its optimum: the gradient of its objective vanishes (float64, by hand)
+    z = torch.randn(24, 5, generator=g)
+    lab = torch.tensor([1, 0, 0, 1, 0, 1] * 4, dtype=torch.float32)
+    grp = torch.arange(24) // 6
+    w = C.fit_pairwise(z, lab, grp, 0.01).double()
+    zd = z.double()
+    grad = 0.02 * w
+    for p_ in range(4):
+        idx = (grp == p_).nonzero().flatten()
+        pos, neg = idx[lab[idx] > 0.5], idx[lab[idx] < 0.5]
+        for a in pos:
+            for b in neg:
+                d = torch.sigmoid(zd[b] @ w - zd[a] @ w)
+                grad += d * (zd[b] - zd[a]) / (len(pos) * len(neg) * 4)
+    assert float(grad.abs().max()) < 1e-5

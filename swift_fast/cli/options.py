@@ -163,7 +163,8 @@ SELECTORS_HELP = (
     "a value, the highest wins: swift (the SWIFT score, needs --head), sar (needs --sar), mean_logprob, "
     "confidence_lowest_group, confidence_tail, confidence_bottom10 (DeepConf's confidences); rank or scaled "
     "(SWIFT combined with SAR, needs both); vote (majority vote over the answers); vote:<value> (each answer "
-    "weighted by a value, e.g. DeepConf's vote:confidence_tail)"
+    "weighted by a value, e.g. DeepConf's vote:confidence_tail); vote:<value>@<T> (weighted by exp(value/T), "
+    "e.g. vote:swift@0.5, what train often recommends)"
 )
 
 
