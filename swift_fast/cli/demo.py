@@ -153,11 +153,13 @@ def _real(args) -> int:
 
             run_recipe(out=out, recipe=RealRecipe(task=task), gsm8k=args.gsm8k, force=args.force)
         elif args.action == "real-curves":
-            from ..demo.real_curves import plot_curves, run_curves
+            from ..demo.real_curves import curves_markdown, plot_curves, run_curves
 
             res = run_curves(out)
-            print(f"curves: {os.path.join(out, 'curves.json')}, plot: "
-                  f"{plot_curves(res, os.path.join(out, 'curves.png'), f'SmolLM2-135M-Instruct, {task} arithmetic')}")
+            with open(os.path.join(out, "curves.md"), "w", encoding="utf-8") as f:
+                f.write(curves_markdown(res) + "\n")
+            plot = plot_curves(res, os.path.join(out, "curves.png"), f"SmolLM2-135M-Instruct, {task} arithmetic")
+            print(f"curves: {os.path.join(out, 'curves.md')} (figures in curves.json), plot: {plot}")
         else:
             from ..demo.real_ablations import run_ablations
             from ..demo.real_report import write_report

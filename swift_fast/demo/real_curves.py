@@ -366,6 +366,40 @@ def _line(p: dict) -> str:
             f"[{100 * d[1]:+.1f}, {100 * d[2]:+.1f}]  ({p['seconds']:.0f} s)")
 
 
+def _cell(d: list[float]) -> str:
+    return f"{100 * d[0]:+.1f} [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}]"
+
+
+def curves_markdown(res: dict) -> str:
+    """``curves.json`` as Markdown: the held-out trivial selectors, then per training size the
+    shipped defaults (the probe with its recommended selector) and each variant's highest score and
+    weighted vote, with the defaults minus the best trivial selector."""
+    held = res["held_out"]
+    sizes = sorted({p["n"] for p in res["points"]})
+    by = {(p["n"], p["variant"]): p for p in res["points"]}
+    out = [f"Held out: {held['problems']} problems; random {100 * held['random']:.1f}, "
+           + ", ".join(f"{k} {100 * held[k]:.1f}" for k in TRIVIAL if k in held)
+           + f", oracle {100 * held['oracle']:.1f} (BoN@16, %); best trivial: {held['best_trivial']}.", "",
+           "| training problems | " + " | ".join(str(n) for n in sizes) + " |",
+           "| --- | " + " | ".join("---:" for _ in sizes) + " |"]
+
+    def row(label, variant, fn):
+        out.append(f"| {label} | " + " | ".join(fn(by[(n, variant)]) if (n, variant) in by else ""
+                                                for n in sizes) + " |")
+
+    row("**shipped defaults**: the recommended selector", "probe",
+        lambda p: f"{p['recommended']} {100 * p['defaults']:.1f}")
+    row("defaults minus best trivial", "probe", lambda p: _cell(p["defaults_minus_best_trivial"]))
+    for variant in VARIANTS:
+        row(f"{variant}: highest score / weighted vote", variant,
+            lambda p: f"{100 * p['swift']:.1f} / {100 * p['vote']:.1f}")
+    row("probe: weighted vote minus best trivial", "probe", lambda p: _cell(p["vote_minus_best_trivial"]))
+    row("probe: weighted vote minus majority", "probe", lambda p: _cell(p["vote_minus_majority"]))
+    row("probe: highest score minus best trivial", "probe", lambda p: _cell(p["swift_minus_best_trivial"]))
+    row("probe: within-problem AUC", "probe", lambda p: f"{p['within_problem_auc']:.3f}")
+    return "\n".join(out)
+
+
 def plot_curves(res: dict, path: str, title: str) -> str:
     """Held-out BoN@n against training problems: the shipped defaults (the recommended selector of
     the probe) and the probe's highest score and weighted vote, each variant's weighted vote thin,
