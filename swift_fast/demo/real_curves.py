@@ -311,7 +311,7 @@ def evaluate(variant: str, n: int, score, evidence: dict, train: Pooled, test: H
     top = test.outcomes[test.best_trivial()]
     groups = P._group_ids(test.d.problem)
     return {"variant": variant, "n": n, "lambda": evidence["lambda"], "recommended": select,
-            "evidence": rec["accuracy"],
+            "evidence": rec["accuracy"], "recommendation": rec,
             "within_problem_auc": within_problem_auc(s, test.d.label.float(), groups),
             "swift": float(best.mean()), "vote": float(vote.mean()), "defaults": float(chosen.mean()),
             "swift_minus_best_trivial": _ci(best - top, seed), "vote_minus_best_trivial": _ci(vote - top, seed),
