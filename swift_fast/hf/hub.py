@@ -203,6 +203,7 @@ def head_summary(head: SwiftHead, location: HeadLocation | None = None) -> dict:
         "parameters": head.weight.numel() + head.bias.numel(),
         "weight_shape": list(head.weight.shape),
         "provenance": head.provenance or {},
+        "selector": head.selector,
     }
 
 
@@ -318,6 +319,15 @@ def _verdict_text(p: dict) -> str | None:
     return None
 
 
+def _selector_text(rec: dict | None) -> str:
+    """The selector the head is used with by default, and why."""
+    if not rec:
+        return "swift (the highest score; no recommendation recorded)"
+    from ..training.recommend import describe
+
+    return describe(rec).removeprefix("recommended selector: ")
+
+
 def head_facts(s: dict) -> list[tuple[str, str]]:
     """``(label, text)`` lines of a :func:`head_summary`, for people: what ``head info`` prints and
     the model card's tables show (one wording for both)."""
@@ -341,7 +351,8 @@ def head_facts(s: dict) -> list[tuple[str, str]]:
     if fp:
         rows.append(("fingerprint", ", ".join(f"{k}={v}" for k, v in fp.items())))
     for label, text in (("trained on", _data_text(p)), ("fitted by", _fit_text(p)),
-                        ("validation", _validation_text(p)), ("baselines", _verdict_text(p))):
+                        ("validation", _validation_text(p)), ("baselines", _verdict_text(p)),
+                        ("selector", _selector_text(s.get("selector")))):
         if text:
             rows.append((label, text))
     if p.get("swift_fast"):
