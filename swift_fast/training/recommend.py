@@ -177,7 +177,8 @@ def recommend(scores: torch.Tensor, labels: torch.Tensor, groups: Sequence[Hasha
 
 def describe(rec: dict) -> str:
     """One paragraph for people: what is recommended, on what evidence, beside what."""
-    names = {"swift": "SWIFT (highest score)", "vote:swift@cv": "SWIFT-weighted vote", "vote": "majority vote",
+    names = {"swift": "SWIFT (highest score)", "vote:swift@cv": "SWIFT-weighted vote",
+             "vote:swift": "the SWIFT-weighted vote", "vote": "majority vote",
              "mean_logprob": "mean log-prob", "confidence_lowest_group": "confidence (lowest group)",
              "confidence_tail": "confidence (tail)", "confidence_bottom10": "confidence (bottom 10%)"}
     acc = rec["accuracy"]
