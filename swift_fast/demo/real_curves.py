@@ -390,7 +390,7 @@ def curves_markdown(res: dict) -> str:
     row("**shipped defaults**: the recommended selector", "probe",
         lambda p: f"{p['recommended']} {100 * p['defaults']:.1f}")
     row("defaults minus best trivial", "probe", lambda p: _cell(p["defaults_minus_best_trivial"]))
-    for variant in VARIANTS:
+    for variant in [v for v in VARIANTS if any(p["variant"] == v for p in res["points"])]:
         row(f"{variant}: highest score / weighted vote", variant,
             lambda p: f"{100 * p['swift']:.1f} / {100 * p['vote']:.1f}")
     row("probe: weighted vote minus best trivial", "probe", lambda p: _cell(p["vote_minus_best_trivial"]))
