@@ -152,3 +152,28 @@ def test_without_answers_only_the_scores_compete_and_a_partial_value_stays_out()
     rec = R.recommend(torch.tensor(flat["scores"]), torch.tensor(flat["labels"]), flat["groups"], None,
                       {"mean_logprob": lp})
     assert set(rec["accuracy"]) == {"swift"} and rec["select"] == "swift" and rec["temperature"] is None
+
+
+def test_serve_says_what_best_of_n_selects_by(tmp_path):
+    """`swift-fast serve` prints the selector at start-up: --select, the head's recommendation (and
+    the fallback a vote without an answer kind takes), or the default."""
+    import argparse
+
+    from swift_fast.cli.serve import _what
+    from swift_fast.rewards.head import SwiftHead
+
+    h = SwiftHead(4, [0, 1])
+    old = tmp_path / "old.safetensors"
+    h.save(old)
+    h.selector = {"select": "vote:swift@0.5"}
+    new = tmp_path / "new.safetensors"
+    h.save(new)
+
+    def what(head, select=None, answer=None):
+        return _what(argparse.Namespace(head=None if head is None else str(head), select=select, answer=answer))
+
+    assert "selects by vote:swift@0.5 (the head's recommendation; a vote" in what(new)
+    assert what(new, answer="math").endswith("selects by vote:swift@0.5 (the head's recommendation)")
+    assert what(new, select="mean_logprob").endswith("selects by mean_logprob (--select)")
+    assert "selects by swift (the head records no recommended selector)" in what(old)
+    assert "confidence_lowest_group" in what(None)

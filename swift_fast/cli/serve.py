@@ -285,7 +285,35 @@ def _announce_when_ready(out, host: str, port: int, args, poll: float = 0.5) -> 
 
 
 def _what(args) -> str:
-    return f"head {args.head}" if args.head is not None else "no head (head-free values)"
+    what = f"head {args.head}" if args.head is not None else "no head (head-free values)"
+    return f"{what}; best_of_n selects by {_selection(args)}"
+
+
+def _selection(args) -> str:
+    """What ``best_of_n`` selects by, in words: --select, else the head's recommended selector (read
+    from a local head file; a Hub head's is read when the plugin loads it), else the default."""
+    if args.select:
+        return f"{args.select} (--select)"
+    if args.head is None:
+        return "confidence_lowest_group (the default without a head)"
+    import os
+
+    from ..rewards.head import HeadError, read_selector
+    from ..selection.by_value import needs
+
+    if not os.path.isfile(args.head):
+        return "the head's recommended selector (swift when it records none)"
+    try:
+        rec = read_selector(args.head)
+    except HeadError:
+        return "swift"
+    if rec is None:
+        return "swift (the head records no recommended selector)"
+    text = f"{rec['select']} (the head's recommendation"
+    if needs(rec["select"]).answers and args.answer is None:
+        text += ('; a vote, so requests without an "answer" field fall back to swift, and say so: start with '
+                 "--answer KIND to vote on every request")
+    return text + ")"
 
 
 @contextlib.contextmanager
