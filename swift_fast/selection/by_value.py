@@ -75,7 +75,7 @@ class Available(NamedTuple):
 
 
 def all_selectors() -> list[str]:
-    return list(VALUES) + list(COMBINATIONS) + ["vote"] + [f"vote:{v}" for v in VALUES] + ["vote:<value>@<T>"]
+    return list(VALUES) + list(COMBINATIONS) + ["vote"] + [f"vote:{v}" for v in VALUES]
 
 
 def temperature(selector: Any) -> float | None:
@@ -136,7 +136,8 @@ def parse(selector: Any, where: str = "select") -> tuple[str, str | None]:
             return "vote", s[5:]
         if s == "swift_score":
             return "value", "swift"
-    raise SelectorError(f"{where} = {selector!r} is not a selector; the selectors are {all_selectors()}")
+    raise SelectorError(f"{where} = {selector!r} is not a selector; the selectors are {all_selectors()}, and "
+                        "vote:<value>@<T> (a vote weighted by exp(value / T), T > 0)")
 
 
 def needs(selector: str) -> Available:
