@@ -179,6 +179,21 @@ def build_tiny_model(
     return path
 
 
+def heads_recommending(folder, **selects: str | None) -> dict[str, str]:
+    """``{name: path}`` of tiny heads (hidden size 4, states 0 and 1) written to ``folder/<name>.safetensors``,
+    each recording ``select`` as its recommended selector (None: no recommendation, as heads written
+    before the record existed)."""
+    from .rewards.head import SwiftHead
+
+    out = {}
+    for name, select in selects.items():
+        head = SwiftHead(4, [0, 1])
+        head.selector = None if select is None else {"select": select}
+        out[name] = os.path.join(os.fspath(folder), f"{name}.safetensors")
+        head.save(out[name])
+    return out
+
+
 def write_tiny_gguf(hf_dir: str, gguf_path: str, quant: str = "F32") -> str:
     """Write the Llama model in ``hf_dir`` (as ``build_tiny_model("llama", ...)`` writes it: one
     ``model.safetensors``, a byte-level BPE tokenizer) to ``gguf_path`` the way llama.cpp's

@@ -160,14 +160,10 @@ def test_serve_says_what_best_of_n_selects_by(tmp_path):
     import argparse
 
     from swift_fast.cli.serve import _what
-    from swift_fast.rewards.head import SwiftHead
+    from swift_fast.testing import heads_recommending
 
-    h = SwiftHead(4, [0, 1])
-    old = tmp_path / "old.safetensors"
-    h.save(old)
-    h.selector = {"select": "vote:swift@0.5"}
-    new = tmp_path / "new.safetensors"
-    h.save(new)
+    heads = heads_recommending(tmp_path, old=None, new="vote:swift@0.5")
+    old, new = heads["old"], heads["new"]
 
     def what(head, select=None, answer=None):
         return _what(argparse.Namespace(head=None if head is None else str(head), select=select, answer=answer))

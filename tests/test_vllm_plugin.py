@@ -282,17 +282,11 @@ def test_the_engine_selects_by_the_heads_recommendation_unless_told_otherwise(tm
     """A head's recommended selector is the engine's default; a recommended vote without an answer
     kind leaves requests without one to the highest score (``select_fallback``); a head without a
     recommendation (written before it existed) selects by SWIFT as before."""
+    from swift_fast.testing import heads_recommending
     from swift_fast.vllm_plugin.config import PluginConfig, PluginConfigError
 
-    h = SwiftHead(4, [0, 1])
-    old = tmp_path / "old.safetensors"
-    h.save(old)
-    h.selector = {"select": "vote:swift@0.5"}
-    voting = tmp_path / "vote.safetensors"
-    h.save(voting)
-    h.selector = {"select": "mean_logprob"}
-    free = tmp_path / "free.safetensors"
-    h.save(free)
+    heads = heads_recommending(tmp_path, old=None, voting="vote:swift@0.5", free="mean_logprob", sar="vote:sar@1")
+    old, voting, free = heads["old"], heads["voting"], heads["free"]
     cfg = PluginConfig.parse({"head": str(voting)})
     assert (cfg.select, cfg.select_fallback) == ("vote:swift@0.5", "swift")
     cfg = PluginConfig.parse({"head": str(voting), "answer": "math"})
@@ -302,10 +296,8 @@ def test_the_engine_selects_by_the_heads_recommendation_unless_told_otherwise(tm
     assert PluginConfig.parse({"head": str(free)}).select == "mean_logprob"
     assert (PluginConfig.parse({"head": str(old)}).select, PluginConfig.parse({}).select) == ("swift",
                                                                                             "confidence_lowest_group")
-    h.selector = {"select": "vote:sar@1"}
-    h.save(voting)
     with pytest.raises(PluginConfigError, match="recommended selector.*needs SAR"):
-        PluginConfig.parse({"head": str(voting)})
+        PluginConfig.parse({"head": heads["sar"]})
 
 
 def test_an_untested_vllm_version_is_named_at_start_up(monkeypatch, plugin_caplog):
