@@ -169,9 +169,11 @@ class PluginConfig:
             )
         have = Available(head=head is not None, sar=sar, answers=answer is not None)
         # the front end writes the resolved path back into the section (prepare_config): the
-        # engine's other processes read that file, never the Hub
-        head_path = resolve_head_lenient(head) if head is not None else None
-        select, fallback = _default_select(section.get("select"), head_path, answer)
+        # engine's other processes read that file, never the Hub. Resolved before the checks only
+        # when its recommended selector is wanted: an asked selector is refused before any download
+        asked = section.get("select")
+        head_path = resolve_head_lenient(head) if head is not None and asked is None else None
+        select, fallback = _default_select(asked, head_path, answer)
         try:
             if fallback is not None:
                 # a vote this engine cannot run without an answer kind: a request that names one votes
@@ -186,6 +188,8 @@ class PluginConfig:
                                     'SWIFT score, which needs a SWIFT head ("head"); use signal "confidence"')
         except (SelectorError, PruneConfigError, DeepConfConfigError) as e:
             raise PluginConfigError(str(e)) from None
+        if head is not None and head_path is None:
+            head_path = resolve_head_lenient(head)
         return cls(head_path=head_path, sar=sar, sar_context=context, select=select, max_best_of_n=max_bon,
                    prune=prune, deepconf=deepconf, confidence_window=window, answer=answer, select_fallback=fallback)
 
