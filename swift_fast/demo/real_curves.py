@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from ..selection.bootstrap import bootstrap_interval
 from ..training import probe as P
 from ..training.metrics import within_problem_auc
-from ..training.recommend import _answer_rows, _best_outcomes, _layout, _vote_outcomes, recommend
+from ..training.recommend import answer_rows, best_outcomes, by_problem_id, recommend, vote_outcomes
 
 SIZES = (100, 200, 400, 800)
 VARIANTS = ("probe", "last16", "rank128", "pairwise", "vote-labels", "graded+vote")
@@ -272,12 +272,12 @@ class HeldOut:
 
     def __init__(self, d: Pooled):
         self.d = d
-        (self.correct,), self.padding = _layout(d.problem, d.label)
-        self.answers = _answer_rows(d.problem, d.answer)
+        (self.correct,), self.padding = by_problem_id(d.problem, d.label)
+        self.answers = answer_rows(d.problem, d.answer)
         self.outcomes = {}
         for name, key in TRIVIAL.items():
             if key is None:
-                self.outcomes[name] = _vote_outcomes(self.answers, torch.zeros(self.correct.shape, dtype=torch.float64),
+                self.outcomes[name] = vote_outcomes(self.answers, torch.zeros(self.correct.shape, dtype=torch.float64),
                                                      self.correct, None)
             elif key.lstrip("-") in d.values:
                 v = d.values[key.lstrip("-")].double() * (-1.0 if key.startswith("-") else 1.0)
@@ -286,10 +286,10 @@ class HeldOut:
         self.oracle = self.correct.any(1).double()
 
     def best(self, scores: torch.Tensor) -> torch.Tensor:
-        return _best_outcomes(_layout(self.d.problem, scores.double())[0][0], self.correct, self.padding)
+        return best_outcomes(by_problem_id(self.d.problem, scores.double())[0][0], self.correct, self.padding)
 
     def vote(self, scores: torch.Tensor, selector: str) -> torch.Tensor:
-        return _vote_outcomes(self.answers, _layout(self.d.problem, scores.double())[0][0], self.correct, selector)
+        return vote_outcomes(self.answers, by_problem_id(self.d.problem, scores.double())[0][0], self.correct, selector)
 
     def best_trivial(self) -> str:
         return max(self.outcomes, key=lambda k: float(self.outcomes[k].mean()))

@@ -50,14 +50,16 @@ FOLDS = 5
 ORDER = ("vote", *HEAD_FREE, "swift", "vote:swift")
 
 
-def _layout(groups: Sequence[Hashable], *columns):
+def by_problem_id(groups: Sequence[Hashable], *columns):
+    """``selection.bon.by_problem`` for problem ids of any hashable kind: rows in sorted order of the
+    ids as strings (the order :func:`answer_rows` uses)."""
     ids = {g: i for i, g in enumerate(sorted(set(groups), key=str))}
     g = torch.tensor([ids[x] for x in groups], dtype=torch.long)
     return bon.by_problem(g, *columns)
 
 
-def _answer_rows(groups: Sequence[Hashable], answers: Sequence[Hashable | None]) -> list[list]:
-    """Per problem (sorted as ``_layout``), its answers in generation order, padded with None."""
+def answer_rows(groups: Sequence[Hashable], answers: Sequence[Hashable | None]) -> list[list]:
+    """Per problem (sorted as ``by_problem_id``), its answers in generation order, padded with None."""
     order = sorted(set(groups), key=str)
     rows: dict = {p: [] for p in order}
     for p, a in zip(groups, answers):
@@ -66,7 +68,7 @@ def _answer_rows(groups: Sequence[Hashable], answers: Sequence[Hashable | None])
     return [rows[p] + [None] * (n - len(rows[p])) for p in order]
 
 
-def _vote_outcomes(answers: list[list], scores: torch.Tensor, correct: torch.Tensor,
+def vote_outcomes(answers: list[list], scores: torch.Tensor, correct: torch.Tensor,
                    selector: str | None) -> torch.Tensor:
     """Per problem, 1.0 when the vote ``selector`` (None: majority) picks a correct candidate."""
     n = scores.shape[1]
@@ -75,7 +77,7 @@ def _vote_outcomes(answers: list[list], scores: torch.Tensor, correct: torch.Ten
     return correct.gather(1, picked[:, None]).squeeze(1).double()
 
 
-def _best_outcomes(scores: torch.Tensor, correct: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+def best_outcomes(scores: torch.Tensor, correct: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
     picked = bon.bon_select(scores, scores.shape[1], pruned=padding)
     return correct.gather(1, picked[:, None]).squeeze(1).double()
 
@@ -97,7 +99,7 @@ def cv_temperature(answers: list[list], scores: torch.Tensor, correct: torch.Ten
     """``(T, outcomes [P], accuracy per T)``: the vote temperature best on all problems, the
     cross-validated outcome of each problem (the vote at the ``T`` best on the other folds) and
     each ``T``'s accuracy on all problems. ``scores``/``correct`` ``[P, n]`` (NaN scores weigh 0)."""
-    per_t = {t: _vote_outcomes(answers, scores, correct, f"vote:swift@{t}") for t in temperatures}
+    per_t = {t: vote_outcomes(answers, scores, correct, f"vote:swift@{t}") for t in temperatures}
     p = scores.shape[0]
     out = torch.zeros(p, dtype=torch.float64)
     parts = _folds(p, folds, seed)
@@ -133,15 +135,15 @@ def recommend(scores: torch.Tensor, labels: torch.Tensor, groups: Sequence[Hasha
     if not (len(s) == len(y) == len(groups)):
         raise ValueError(f"scores, labels and groups must have one entry per candidate, got {len(s)}, {len(y)}, "
                          f"{len(groups)}")
-    (sm, ym), padding = _layout(list(groups), s, y)
-    outcomes: dict[str, torch.Tensor] = {"swift": _best_outcomes(sm, ym, padding)}
+    (sm, ym), padding = by_problem_id(list(groups), s, y)
+    outcomes: dict[str, torch.Tensor] = {"swift": best_outcomes(sm, ym, padding)}
     temperature = None
     has_answers = answers is not None and any(a is not None for a in answers)
     if has_answers:
-        rows = _answer_rows(list(groups), list(answers))
+        rows = answer_rows(list(groups), list(answers))
         t, cv, per_t = cv_temperature(rows, sm, ym, seed=seed)
         outcomes["vote:swift"] = cv
-        outcomes["vote"] = _vote_outcomes(rows, sm, ym, None)
+        outcomes["vote"] = vote_outcomes(rows, sm, ym, None)
         temperature = {"chosen": t, "accuracy": {str(k): v for k, v in per_t.items()}, "folds": FOLDS,
                        "grid": list(TEMPERATURES)}
     for name, v in (values or {}).items():
@@ -149,7 +151,7 @@ def recommend(scores: torch.Tensor, labels: torch.Tensor, groups: Sequence[Hasha
         if len(v) != len(s):
             raise ValueError(f"values[{name!r}] has {len(v)} entries for {len(s)} candidates")
         if name in HEAD_FREE and not torch.isnan(v).any():
-            outcomes[name] = _best_outcomes(_layout(list(groups), v)[0][0], ym, padding)
+            outcomes[name] = best_outcomes(by_problem_id(list(groups), v)[0][0], ym, padding)
     accuracy = {k: float(v.mean()) for k, v in outcomes.items()}
     ranked = sorted(outcomes, key=lambda k: (-accuracy[k], ORDER.index(k)))
     best = ranked[0]
